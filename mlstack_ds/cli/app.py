@@ -1,0 +1,79 @@
+"""The `mlstack-ds` application: builds the typer app and turns errors into exit codes.
+
+Command modules each expose `register(app)`; this module only wires them together and owns the
+one place where exceptions become a one-line message, a hint and an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from mlstack_ds import __version__
+from mlstack_ds.cli import detect_cmd
+from mlstack_ds.errors import ExitCode, MlstackError
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok, 1 bug, 2 usage, 3 environment, 4 fetch, 5 patch, 6 build, 7 install, "
+    "8 verify failed, 130 interrupted. Set MLSTACK_DEBUG=1 to see tracebacks."
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"mlstack-ds {__version__}")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="mlstack-ds",
+        help="Install upstream DeepSpeed on AMD GPUs (ROCm), patched and prebuilt for your GPUs, "
+        "and prove it works.\n\n" + EXIT_CODES_HELP,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="rich",
+    )
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+        ),
+    ) -> None:
+        """Root options."""
+
+    for module in (detect_cmd,):
+        module.register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app, map every failure to a documented exit code."""
+    err = Console(stderr=True, highlight=False)
+    debug = os.environ.get("MLSTACK_DEBUG", "") not in ("", "0")
+    app = build_app()
+    try:
+        # standalone mode: typer itself reports usage errors (exit 2) and calls sys.exit.
+        app(args=argv, prog_name="mlstack-ds")
+    except MlstackError as exc:
+        if debug:
+            err.print_exception()
+        err.print(f"[bold red]error:[/] {escape(exc.message)}")
+        if exc.hint:
+            err.print(f"[dim]hint:[/] {escape(exc.hint)}")
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]")
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except Exception as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}")
+        err.print("[dim]hint:[/] this is a bug in mlstack-ds; rerun with MLSTACK_DEBUG=1 and report it")
+        sys.exit(int(ExitCode.BUG))

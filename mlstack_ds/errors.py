@@ -1,0 +1,78 @@
+"""Expected failures and their exit codes.
+
+Every failure a user can cause or meet (bad input, missing tool, broken download, conflicting patch)
+is an `MlstackError`: the CLI prints its message and hint on one line each and exits with its code,
+never with a traceback. Anything else is a bug (exit 1).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """The documented exit codes (README, `--help`)."""
+
+    OK = 0
+    BUG = 1
+    USAGE = 2
+    ENVIRONMENT = 3
+    FETCH = 4
+    PATCH = 5
+    BUILD = 6
+    INSTALL = 7
+    VERIFY = 8
+    INTERRUPTED = 130
+
+
+class MlstackError(Exception):
+    """An expected failure: what went wrong, what to do about it, and the exit code."""
+
+    exit_code: ExitCode = ExitCode.BUG
+
+    def __init__(self, message: str, hint: str = "", exit_code: ExitCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(MlstackError):
+    exit_code = ExitCode.USAGE
+
+
+class EnvironmentProblem(MlstackError):
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class FetchError(MlstackError):
+    exit_code = ExitCode.FETCH
+
+
+class PatchError(MlstackError):
+    exit_code = ExitCode.PATCH
+
+
+class BuildError(MlstackError):
+    exit_code = ExitCode.BUILD
+
+
+class InstallError(MlstackError):
+    exit_code = ExitCode.INSTALL
+
+
+class VerifyFailed(MlstackError):
+    exit_code = ExitCode.VERIFY
+
+
+class ToolError(EnvironmentProblem):
+    """A subprocess could not run: missing executable, time-out, or start failure."""
+
+
+class ToolMissing(ToolError):
+    pass
+
+
+class ToolTimedOut(ToolError):
+    pass

@@ -1,0 +1,107 @@
+"""The one place that starts subprocesses.
+
+Why one place: argv lists only (never a shell), a time-out on every call, the child's whole process
+group killed on time-out so nothing is left running, and uniform errors (`ToolMissing`,
+`ToolTimedOut`) that callers turn into warnings or user-facing messages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlstack_ds.errors import ToolError, ToolMissing, ToolTimedOut
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of stderr (or stdout when stderr is empty): what a user needs to see."""
+        text = self.stderr.strip() or self.stdout.strip()
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def which(name: str, extra_dirs: Iterable[Path] = (), path: str | None = None) -> Path | None:
+    """Find an executable on PATH first, then in `extra_dirs` (e.g. `<rocm>/bin`)."""
+    found = shutil.which(name, path=path)
+    if found:
+        return Path(found)
+    for directory in extra_dirs:
+        candidate = Path(directory) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    input_text: str | None = None,
+) -> RunResult:
+    """Run `argv` to completion, capturing text output; raise ToolMissing/ToolTimedOut/ToolError.
+
+    A non-zero exit is *not* an exception: callers decide what it means.
+    """
+    args = tuple(os.fspath(a) for a in argv)
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
+    except OSError as exc:
+        raise ToolError(f"{args[0]}: cannot start ({exc.strerror or exc})") from exc
+    try:
+        stdout, stderr = proc.communicate(input=input_text, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
+        raise ToolTimedOut(
+            f"{Path(args[0]).name} did not finish within {timeout:g} s",
+            hint="the tool may be hanging on a driver or device; run it by hand to see",
+        ) from exc
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the child and everything it started (it leads its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ValueError):
+        proc.kill()

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run the test suite on a fresh machine: install what the tests need, then lint and pytest.
+#   scripts/test.sh [pytest args...]
+# Installs: Debian packages the tests use (git, hipcc for compile-only HIP checks, build tools),
+# a test venv (.venv-test, or $MLSTACK_TEST_VENV) with the tool, its test extras and the CPU
+# PyTorch 2.13.0 from this machine's pip. Safe to re-run; never prompts.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+VENV=${MLSTACK_TEST_VENV:-.venv-test}
+APT_PACKAGES=(git hipcc rocminfo build-essential ninja-build python3-dev libaio-dev)
+TORCH_SPEC=${MLSTACK_TEST_TORCH:-torch==2.13.0}
+
+missing_apt=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing_apt+=("$pkg")
+done
+if ((${#missing_apt[@]})); then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "test.sh: installing Debian packages: ${missing_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing_apt[@]}" >/dev/null
+  else
+    echo "test.sh: missing Debian packages (${missing_apt[*]}); tests that need them will be skipped with the reason" >&2
+  fi
+fi
+
+if [[ ! -x $VENV/bin/python ]]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC"
+
+"$VENV/bin/ruff" check mlstack_ds tests scripts
+set +e
+"$VENV/bin/python" -m pytest "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then
+  echo "test.sh: pytest collected no tests; that is a failure" >&2
+  exit 1
+fi
+exit "$rc"
