@@ -7,6 +7,7 @@ group killed on time-out so nothing is left running, and uniform errors (`ToolMi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -97,10 +98,8 @@ def run(
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """Kill the child and everything it started (it leads its own session)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     try:
         proc.communicate(timeout=5)
     except (subprocess.TimeoutExpired, ValueError):
