@@ -37,7 +37,9 @@ class RunResult:
     def tail(self, lines: int = 20) -> str:
         """The last lines of stderr (or stdout when stderr is empty): what a user needs to see."""
         text = self.stderr.strip() or self.stdout.strip()
-        return "\n".join(text.splitlines()[-lines:])
+        # Drop caret/tilde underline lines of Python tracebacks: they say nothing on their own.
+        meaningful = [ln for ln in text.splitlines() if ln.strip() and set(ln.strip()) - set("^~ ")]
+        return "\n".join(meaningful[-lines:])
 
 
 def which(name: str, extra_dirs: Iterable[Path] = (), path: str | None = None) -> Path | None:

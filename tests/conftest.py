@@ -62,3 +62,19 @@ def pristine_tree_template(deepspeed_sdist: Path, tmp_path_factory: pytest.TempP
                  ["git", "commit", "-q", "-m", f"DeepSpeed {DS_VERSION} sdist"]):
         subprocess.run(argv, cwd=tree, env=env, check=True)
     return tree
+
+
+@pytest.fixture
+def fake_machine(tmp_path: Path):
+    """A machine whose ROCm tools are fakes replaying real captures (see tests/fakemachine.py)."""
+    from fakemachine import FakeMachine
+
+    return FakeMachine(tmp_path / "machine")
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An interpreter with nothing installed (no torch): a fresh venv without pip."""
+    venv = tmp_path_factory.mktemp("bare-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return venv / "bin" / "python"

@@ -42,7 +42,7 @@ class ToolContext:
             self.warnings.append(f"{tool}: {exc.message}")
             return None
         if not result.ok:
-            tail = result.tail(2).replace("\n", " | ") or "no output"
+            tail = result.tail(1) or "no output"
             command = " ".join([tool, *args])
             self.warnings.append(f"{command} exited with {result.returncode}: {tail}")
             return None
