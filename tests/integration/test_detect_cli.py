@@ -91,7 +91,8 @@ def test_amd_smi_fallback_when_rocminfo_fails(fake_machine: FakeMachine, bare_py
 
 def test_hanging_rocminfo_is_a_warning_not_a_hang(fake_machine: FakeMachine, bare_python: Path) -> None:
     fake_machine.tool("rocminfo", hang=True)
-    fake_machine.tool("rocm_agent_enumerator", "rocm_agent_enumerator_MI300X-gfx941-with-gfx000_rocminfo-docs-c6f7a17.txt")
+    enumerator_capture = "rocm_agent_enumerator_MI300X-gfx941-with-gfx000_rocminfo-docs-c6f7a17.txt"
+    fake_machine.tool("rocm_agent_enumerator", enumerator_capture)
     report = fake_machine.detect_json("--python", str(bare_python), "--tool-timeout", "1")
     assert [g["arch"] for g in report["gpus"]] == ["gfx941"]
     assert any("rocminfo did not finish within 1 s" in w for w in report["warnings"])
