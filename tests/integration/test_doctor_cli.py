@@ -90,7 +90,8 @@ def test_table_output_and_exit_code(tmp_path: Path) -> None:
 
 
 def test_forgotten_override_on_mi210s(tmp_path: Path) -> None:
-    """ROCm#5238: HSA_OVERRIDE_GFX_VERSION=10.3.0 left set on MI210s (KFD still reports gfx90a)."""
+    """ROCm/legacy-rocm-build#5238: HSA_OVERRIDE_GFX_VERSION=10.3.0 left set on MI210s
+    (KFD still reports gfx90a)."""
     machine = FakeMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
     result = machine.run("--json", HSA_OVERRIDE_GFX_VERSION="10.3.0", DS_ACCELERATOR="rocm")
     assert result.returncode == EXIT_ENVIRONMENT

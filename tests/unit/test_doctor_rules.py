@@ -53,7 +53,8 @@ def two_radeons() -> list[GpuAgent]:
 
 
 def spoofed_mi210() -> DoctorInput:
-    """ROCm#5238: a forgotten HSA_OVERRIDE_GFX_VERSION=10.3.0 on MI210s (KFD still says gfx90a)."""
+    """ROCm/legacy-rocm-build#5238: a forgotten HSA_OVERRIDE_GFX_VERSION=10.3.0 on MI210s
+    (KFD still says gfx90a)."""
     env = make_env(gpus_from(MI210X4, "10.3.0"), env_vars={"HSA_OVERRIDE_GFX_VERSION": "10.3.0"},
                    rocm=rocm("6.2.4"))
     return make_input(env, healthy_facts(kfd_native_archs=("gfx90a",) * 4))

@@ -145,7 +145,7 @@ RULES: tuple[Rule, ...] = (
              "lists your gfx in torch.cuda.get_arch_list()",
              "last resort on an unsupported consumer GPU: a same-family HSA_OVERRIDE_GFX_VERSION "
              "(see MLS-ENV-002)"),
-        source="F19 (ROCm/ROCm#2061, pytorch/pytorch#53738, pytorch/pytorch#96964)",
+        source="F19 (ROCm/legacy-rocm-build#2061, pytorch/pytorch#53738, pytorch/pytorch#96964)",
         check=arch_missing_from_torch,
         log_patterns=(re.compile(r"hipErrorNoBinaryForGpu"), re.compile(r"invalid device function"),
                       re.compile(r"TensileLibrary\.dat: No such file")),

@@ -130,7 +130,7 @@ RULES: tuple[Rule, ...] = (
         symptom="A stale override makes a supported GPU run another target's code: memory access "
         "faults (`Reason: unknown`) or `invalid device function`.",
         fix=("unset HSA_OVERRIDE_GFX_VERSION   # and remove it from ~/.bashrc, /etc/environment",),
-        source="F18 (ROCm#5238: MI210 with a forgotten gfx1030 override; ROCm/ROCm#3207)",
+        source="F18 (ROCm/legacy-rocm-build#5238: MI210 with a forgotten gfx1030 override; ROCm/ROCm#3207)",
         check=override_on_supported_gpu,
     ),
     Rule(
@@ -141,7 +141,7 @@ RULES: tuple[Rule, ...] = (
         fix=("unset HSA_OVERRIDE_GFX_VERSION",
              "if the GPU is unsupported, use the nearest same-family target only "
              "(10.3.0 for gfx1031/1032, 11.0.0 for gfx1101/1102) and build DeepSpeed for that target"),
-        source="F18 (ROCm#5238, ROCm/ROCm#5225), F23",
+        source="F18 (ROCm/legacy-rocm-build#5238, ROCm/ROCm#5225), F23",
         check=override_spoofs_other_family,
     ),
     Rule(
@@ -183,7 +183,7 @@ RULES: tuple[Rule, ...] = (
         "'/opt/rocm/.info/version-dev'`) while installing or loading ops.",
         fix=("export ROCM_HOME=<ROCm root with .info/version>",
              "or write the version into <ROCM_HOME>/.info/version"),
-        source="F05 (deepspeedai/DeepSpeed#2080, #3715; ROCm#419)",
+        source="F05 (deepspeedai/DeepSpeed#2080, #3715; ROCm/legacy-rocm-build#419)",
         check=rocm_version_undetectable,
         log_patterns=(re.compile(r"Could not detect ROCm version"),
                       re.compile(r"No such file or directory: '[^']*\.info/version(-dev)?'")),
