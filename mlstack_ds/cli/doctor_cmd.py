@@ -11,6 +11,7 @@ from rich.table import Table
 
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.doctor import Diagnosis, diagnose
+from mlstack_ds.doctor.dsconfig import read_nvme_offload
 from mlstack_ds.doctor.report import render_markdown
 from mlstack_ds.errors import ExitCode, UsageError
 
@@ -22,6 +23,9 @@ PythonOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 LogOption = Annotated[
     Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output.")
+]
+DsConfigOption = Annotated[
+    Path | None, typer.Option("--ds-config", help="DeepSpeed JSON config: rates libaio by NVMe offload.")
 ]
 ReportOption = Annotated[bool, typer.Option("--report", help="Print a Markdown block for a bug report.")]
 SysRootOption = Annotated[
@@ -57,18 +61,21 @@ def _render_table(diagnosis: Diagnosis, output: Output) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def doctor(
+        *,
         python: PythonOption = None,
         json_output: JsonOption = False,
         log: LogOption = None,
         report: ReportOption = False,
+        ds_config: DsConfigOption = None,
         sys_root: SysRootOption = Path("/"),
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
         log_text = _read_log(log) if log is not None else None
+        nvme = read_nvme_offload(ds_config) if ds_config is not None else False
         output = make_output(json_output)
-        diagnosis = diagnose(python=python, log_text=log_text, root=sys_root)
+        diagnosis = diagnose(python=python, log_text=log_text, root=sys_root, nvme_offload=nvme)
         if json_output:
             output.emit_json(diagnosis.to_dict())
         elif report:

@@ -129,3 +129,13 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
     both = machine.run("--json", "--report")
     assert both.returncode == 2
     assert "choose one" in both.stderr
+
+
+def test_missing_libaio_is_an_error_only_when_the_config_offloads_to_nvme(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, None)
+    (machine.root / "usr" / "include" / "libaio.h").unlink()
+    config = write(tmp_path / "ds_config.json",
+                   json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}))
+    result = machine.run("--json", "--ds-config", str(config), CPATH="", C_INCLUDE_PATH="", CFLAGS="")
+    assert result.returncode == EXIT_ENVIRONMENT
+    assert findings(result)["MLS-BUILD-005"]["severity"] == "error"

@@ -259,3 +259,15 @@ def test_findings_are_sorted_errors_first() -> None:
     severities = [f.severity for f in run_rules(inp)]
     assert severities == sorted(severities, key=["error", "warning", "info"].index)
     assert severities[0] == "error" and severities[-1] == "info"
+
+
+def test_gfx1201_before_rocm_6_4_is_too_old() -> None:
+    """The issue's example: RDNA4 (RX 9070, gfx1201) needs ROCm 6.4."""
+    gpu = dataclasses.replace(gpus_from(RX7900)[0], arch="gfx1201", target_id="gfx1201", family="RDNA4")
+    assert "gfx1201 needs ROCm >= 6.4" in findings_of(make_input(make_env([gpu])))["MLS-ROCM-001"].evidence
+    assert "MLS-ROCM-001" not in findings_of(make_input(make_env([gpu], rocm=rocm("6.4.1"))))
+
+
+def test_unknown_python_include_dir_is_not_reported_as_missing_headers() -> None:
+    facts = healthy_facts(python_headers=False, python_include=None)
+    assert "MLS-BUILD-003" not in findings_of(make_input(facts=facts))

@@ -22,10 +22,10 @@ def no_ninja(inp: DoctorInput) -> Hit | None:
 
 
 def no_python_headers(inp: DoctorInput) -> Hit | None:
-    if inp.facts.python_headers:
-        return None
-    where = inp.facts.python_include or "unknown include dir"
-    return Hit(f"Python.h not found in {where} (interpreter {inp.env.python.executable})")
+    include = inp.facts.python_include
+    if inp.facts.python_headers or include is None:
+        return None  # an unknown include dir means the target did not answer: detect warns about that
+    return Hit(f"Python.h not found in {include} (interpreter {inp.env.python.executable})")
 
 
 def no_cxx_compiler(inp: DoctorInput) -> Hit | None:
