@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -25,13 +26,19 @@ SECTION = "## doctor"
 TARGET_S = 3.0
 
 
-def time_command(argv: list[str], runs: int) -> list[float]:
-    durations = []
+def time_once(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - started
+
+
+def time_alternating(first: list[str], second: list[str], runs: int) -> tuple[list[float], list[float]]:
+    """Alternate the two commands so that both see the same background load."""
+    a, b = [], []
     for _ in range(runs):
-        started = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        durations.append(time.perf_counter() - started)
-    return durations
+        a.append(time_once(first))
+        b.append(time_once(second))
+    return a, b
 
 
 def render_section(result: dict) -> str:
@@ -47,7 +54,8 @@ def render_section(result: dict) -> str:
     return (
         f"{SECTION}\n\n"
         f"`scripts/bench_doctor.py`, {result['runs']} runs each, {result['when']}, {result['machine']}, "
-        f"target interpreter {result['python']}.\n\n"
+        f"target interpreter {result['python']}, load average {result['load_before']:.1f} before / "
+        f"{result['load_after']:.1f} after ({os.cpu_count()} cores).\n\n"
         "| command | median s | min s | max s |\n|---|---|---|---|\n"
         f"{table}\n\n"
         f"doctor's own overhead over the torch import: {overhead:.2f} s (median difference). "
@@ -75,13 +83,17 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args()
     doctor = [sys.executable, "-m", "mlstack_ds", "doctor", "--json", "--python", args.python]
+    load_before = os.getloadavg()[0]
+    doctor_s, import_torch_s = time_alternating(doctor, [args.python, "-c", "import torch"], args.runs)
     result = {
         "runs": args.runs,
         "python": args.python,
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
         "when": time.strftime("%Y-%m-%d", time.gmtime()),
-        "doctor_s": time_command(doctor, args.runs),
-        "import_torch_s": time_command([args.python, "-c", "import torch"], args.runs),
+        "doctor_s": doctor_s,
+        "import_torch_s": import_torch_s,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
     }
     print(json.dumps(result, indent=2))
     if not args.no_write:

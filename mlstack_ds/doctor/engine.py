@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlstack_ds.detect import detect
+from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.model import Environment
-from mlstack_ds.doctor.facts import SystemFacts, collect_facts
+from mlstack_ds.doctor.facts import SystemFacts, collect_facts, probe_target_python
 from mlstack_ds.doctor.logs import match_log
 from mlstack_ds.doctor.model import DEFAULT_MIN_ROCM, DoctorInput, Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
@@ -52,8 +55,13 @@ def diagnose(
     min_rocm: str = DEFAULT_MIN_ROCM,
     nvme_offload: bool = False,
 ) -> Diagnosis:
-    env = detect(environ=environ, python=python)
-    facts = collect_facts(env, environ=environ, root=root)
+    environ = dict(os.environ if environ is None else environ)
+    target_python = resolve_python(python)
+    # The target interpreter's own facts are asked while detect waits on torch's slow import.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        target = pool.submit(probe_target_python, target_python, environ)
+        env = detect(environ=environ, python=target_python)
+        facts = collect_facts(env, environ=environ, root=root, target=target.result())
     inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm, nvme_offload=nvme_offload)
     findings = run_rules(inp)
     if log_text is not None:

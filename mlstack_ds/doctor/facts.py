@@ -71,6 +71,7 @@ class TargetPython:
     include_dir: str | None
     prefix: str | None
     nvidia_packages: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,17 +111,20 @@ def collect_facts(
     environ: Mapping[str, str] | None = None,
     root: Path = Path("/"),
     timeout: float = FACTS_TIMEOUT_S,
+    target: TargetPython | None = None,
 ) -> SystemFacts:
-    """Read the facts for `env` (its target interpreter, its DeepSpeed) below `root`."""
+    """Read the facts for `env` (its target interpreter, its DeepSpeed) below `root`.
+    `target`: the interpreter's answers when the caller already asked (in parallel with detect)."""
     environ = dict(os.environ if environ is None else environ)
-    warnings: list[str] = []
     kfd = root / "dev" / "kfd"
     rocm_root = find_rocm_root(environ)
     extra_dirs = [rocm_root / "bin"] if rocm_root else []
     search_path = environ.get("PATH", "")
     tools = {name: _str(which(name, path=search_path)) for name in (*COMPILERS, "ninja")}
     tools["hipcc"] = _str(which("hipcc", extra_dirs=extra_dirs, path=search_path))
-    target = probe_target_python(Path(env.python.executable), environ, timeout, warnings)
+    if target is None:
+        target = probe_target_python(Path(env.python.executable), environ, timeout)
+    warnings = list(target.warnings)
     headers = bool(target.include_dir) and Path(target.include_dir or "", "Python.h").is_file()
     ds_build = None
     if env.deepspeed and env.deepspeed.location:
@@ -158,19 +162,17 @@ def collect_facts(
 
 
 def probe_target_python(
-    python: Path, environ: Mapping[str, str], timeout: float, warnings: list[str]
+    python: Path, environ: Mapping[str, str], timeout: float = FACTS_TIMEOUT_S
 ) -> TargetPython:
     """Ask the target interpreter for its include dir, prefix and nvidia-* packages."""
-    unknown = TargetPython(None, None, ())
     try:
         result = run([python, "-c", FACTS_SCRIPT], timeout=timeout, env=dict(environ))
     except ToolError as exc:
-        warnings.append(f"facts probe: {exc.message}")
-        return unknown
+        return TargetPython(None, None, (), (f"facts probe: {exc.message}",))
     line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
     if not result.ok or line is None:
-        warnings.append(f"facts probe: {python} exited with {result.returncode}: {result.tail(2)}")
-        return unknown
+        note = f"facts probe: {python} exited with {result.returncode}: {result.tail(2)}"
+        return TargetPython(None, None, (), (note,))
     try:
         data = json.loads(line[len(MARKER):])
         return TargetPython(
@@ -179,8 +181,7 @@ def probe_target_python(
             nvidia_packages=tuple(str(n) for n in data.get("nvidia") or ()),
         )
     except (ValueError, TypeError, AttributeError) as exc:
-        warnings.append(f"facts probe: unreadable result ({exc})")
-        return unknown
+        return TargetPython(None, None, (), (f"facts probe: unreadable result ({exc})",))
 
 
 def parse_git_version_info(text: str) -> dict[str, object]:

@@ -16,6 +16,7 @@ from mlstack_ds.doctor.facts import (
     kfd_native_archs,
     parse_gfx_target_version,
     parse_git_version_info,
+    probe_target_python,
 )
 
 # In the format DeepSpeed 0.19.5's setup.py writes it (setup.py, "git_version_info_installed.py").
@@ -144,3 +145,13 @@ def test_gfx_target_version_decoding() -> None:
     assert parse_gfx_target_version("gfx_target_version 0\n") is None
     assert parse_gfx_target_version("junk") is None
     assert kfd_native_archs(Path("/nonexistent")) == ()
+
+
+def test_a_broken_target_interpreter_becomes_a_warning(tmp_path: Path) -> None:
+    script = "#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 1\n"
+    broken = write(tmp_path / "python", script)
+    broken.chmod(0o755)
+    target = probe_target_python(broken, {"PATH": ""})
+    assert (target.include_dir, target.prefix, target.nvidia_packages) == (None, None, ())
+    assert "exited with 1" in target.warnings[0]
+    assert "init_fs_encoding" in target.warnings[0]

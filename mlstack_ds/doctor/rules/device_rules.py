@@ -43,8 +43,9 @@ def no_gpu_agent(inp: DoctorInput) -> Hit | None:
         return None
     if not facts.kfd_exists or not facts.kfd_accessible:
         return None  # MLS-DEV-001/002 explain why
+    tool_notes = [w for w in inp.env.warnings if w.startswith(("rocminfo", "amd-smi", "rocm-smi"))]
     return Hit("rocminfo/amd-smi report no AMD GPU agent although /dev/kfd is accessible"
-               + (f"; detect: {inp.env.warnings[0]}" if inp.env.warnings else ""))
+               + (f"; {tool_notes[0]}" if tool_notes else ""))
 
 
 def igpu_next_to_dgpu(inp: DoctorInput) -> Hit | None:

@@ -75,7 +75,7 @@ def override_in_effect(inp: DoctorInput) -> Hit | None:
 
 def ds_accelerator_not_cuda(inp: DoctorInput) -> Hit | None:
     value = env_value(inp, "DS_ACCELERATOR")
-    if value is None or value == "cuda" or not (rocm_torch(inp) or rocm_target(inp)):
+    if value is None or value == "cuda" or not rocm_target(inp):
         return None
     if value not in SUPPORTED_DS_ACCELERATORS:
         why = "DeepSpeed raises `ValueError: DS_ACCELERATOR must be one of ...`"
