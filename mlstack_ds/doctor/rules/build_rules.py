@@ -63,14 +63,16 @@ RULES: tuple[Rule, ...] = (
         id="MLS-BUILD-003", severity="error", title="Python development headers are missing",
         symptom="Op builds fail with `fatal error: Python.h: No such file or directory`.",
         fix=("apt-get install python3-dev   # or python3.X-dev / python3-devel for the target interpreter",),
-        source="F14/F16 (op builds compile C++ extensions against the target interpreter)",
+        source="issue #7 build prerequisites (no catalogue entry): torch's cpp_extension compiles every "
+        "op against the target interpreter's headers",
         check=no_python_headers,
     ),
     Rule(
         id="MLS-BUILD-004", severity="error", title="No C++ compiler",
         symptom="Every op build fails before the first file compiles.",
         fix=("apt-get install build-essential   # or: dnf install gcc-c++",),
-        source="F04/F15 (CPU ops such as cpu_adam are built with the host C++ compiler)",
+        source="issue #7 build prerequisites; F04/F15 (cpu_adam and other CPU ops are compiled with "
+        "the host C++ compiler)",
         check=no_cxx_compiler,
     ),
     Rule(

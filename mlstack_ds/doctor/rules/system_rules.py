@@ -64,7 +64,7 @@ RULES: tuple[Rule, ...] = (
         fix=("ulimit -l unlimited   # for the shell that launches training",
              "docker run --ulimit memlock=-1 ...",
              "/etc/security/limits.conf: * soft memlock unlimited / * hard memlock unlimited"),
-        source="F22 (RCCL platform settings for multi-GPU runs)",
+        source="issue #7 (pinned memory; no catalogue entry quotes a memlock failure)",
         check=memlock_too_low,
     ),
     Rule(
