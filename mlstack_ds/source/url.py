@@ -63,8 +63,9 @@ def download(url: str, into: Path, progress: ProgressCallback | None = None) -> 
 
 def _session() -> requests.Session:
     session = requests.Session()
-    # Connection-level retries (refused, DNS, 5xx before the body); body failures are retried above.
-    retry = Retry(total=2, connect=2, read=0, status=2, backoff_factor=BACKOFF_S,
+    # Only 502/503/504 answers are retried here; refused connections, time-outs and cut-off bodies are
+    # retried as whole transfers by `download`, so the attempts are counted in one place.
+    retry = Retry(total=2, connect=0, read=0, other=0, status=2, backoff_factor=BACKOFF_S,
                   status_forcelist=(502, 503, 504), allowed_methods=("GET",), raise_on_status=False)
     adapter = HTTPAdapter(max_retries=retry)
     session.mount("http://", adapter)
