@@ -100,8 +100,11 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
         origin = f"{url}@{recipe.git.tag}"
     elif spec.kind == "pypi":
         sha256 = recipe.sdist.sha256
+        def from_index(into: Path) -> Path:
+            return pip_download_sdist(recipe.package, recipe.requirement, into)
+
         repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: _cached_download(
-            cache, sha256, recipe.sdist.filename, lambda into: pip_download_sdist(recipe.requirement, into)))
+            cache, sha256, recipe.sdist.filename, from_index))
         origin = f"pypi:{recipe.requirement}"
     elif spec.kind == "url":
         assert spec.location is not None
