@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -51,6 +52,21 @@ def deepspeed_sdist() -> Path:
     digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
     assert digest == DS_SDIST_SHA256, f"cached sdist {sdist} has sha256 {digest}; delete it"
     return sdist
+
+
+@pytest.fixture(scope="session")
+def pip_mirror(deepspeed_sdist: Path) -> Path:
+    """A find-links directory like an air-gapped site's mirror: the sdist plus its build requirements.
+
+    Kept next to the cached sdist, so a run downloads it at most once (pip needs setuptools to read
+    the sdist's metadata, even for `pip download`).
+    """
+    mirror = deepspeed_sdist.parent / "pip-mirror"
+    if not any(mirror.glob("setuptools-*.whl")):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
+                        "setuptools", "wheel", "-d", str(mirror)], check=True)
+    shutil.copy2(deepspeed_sdist, mirror / deepspeed_sdist.name)
+    return mirror
 
 
 @pytest.fixture(scope="session")

@@ -96,13 +96,55 @@ class TreeStatus:
 
 
 def check_series(tree: Path, series: Series) -> SeriesCheck:
-    """Classify every patch (not stopping at the first problem) against the tree's working files."""
+    """Classify every patch (not stopping at the first problem) against the tree's working files.
+
+    "applies": forward-applies in sequence (on top of the earlier patches that apply). "already
+    applied": reverse-applies when the series is walked backwards from the last patch, so a patch that
+    a later one builds on is still recognised. Anything else conflicts, with the failing hunks named.
+    """
     tree = _existing_dir(tree)
+    forward, _ = _forward_pass(tree, series, diagnose=frozenset())
+    applied = _reverse_pass(tree, series) if not all(forward) else set()
+    broken = frozenset(i for i, ok in enumerate(forward) if not ok and i not in applied)
+    diagnoses = _forward_pass(tree, series, diagnose=broken)[1] if broken else {}
     results = []
-    with _scratch_index(tree, series) as scratch:
-        for patch in series.patches:
-            results.append(_check_one(scratch, patch))
+    for index, patch in enumerate(series.patches):
+        if forward[index]:
+            state, conflicts = PatchState.APPLIES, ()
+        elif index in applied:
+            state, conflicts = PatchState.ALREADY_APPLIED, ()
+        else:
+            state, conflicts = PatchState.CONFLICTS, diagnoses[index]
+        results.append(PatchCheck(patch.name, patch.subject, state, conflicts))
     return SeriesCheck(tree=tree, results=tuple(results))
+
+
+def _forward_pass(tree: Path, series: Series, diagnose: frozenset[int]
+                  ) -> tuple[list[bool], dict[int, tuple[Conflict, ...]]]:
+    """Which patches apply in order (each on top of the earlier ones that do); why `diagnose` ones fail."""
+    applies: list[bool] = []
+    diagnoses: dict[int, tuple[Conflict, ...]] = {}
+    with _scratch_index(tree, series) as scratch:
+        for index, patch in enumerate(series.patches):
+            ok, errors = _git_apply_cached(scratch, patch.path, "--check")
+            if ok:
+                _git_apply_cached(scratch, patch.path)  # later patches are checked on top of this one
+            elif index in diagnose:
+                diagnoses[index] = _diagnose(scratch, patch, errors)
+            applies.append(ok)
+    return applies, diagnoses
+
+
+def _reverse_pass(tree: Path, series: Series) -> set[int]:
+    """Indexes of patches already in the tree: walking backwards, each one that reverse-applies is undone."""
+    applied: set[int] = set()
+    with _scratch_index(tree, series) as scratch:
+        for index in reversed(range(len(series.patches))):
+            patch = series.patches[index]
+            if _git_apply_cached(scratch, patch.path, "--check", "--reverse")[0]:
+                _git_apply_cached(scratch, patch.path, "--reverse")
+                applied.add(index)
+    return applied
 
 
 def apply_series(tree: Path, series: Series) -> AppliedSeries:
@@ -227,16 +269,6 @@ def _git_apply_cached(scratch: _Scratch, patch_text_path: Path, *extra: str) -> 
     return result.ok, result.stderr
 
 
-def _check_one(scratch: _Scratch, patch: PatchFile) -> PatchCheck:
-    ok, errors = _git_apply_cached(scratch, patch.path, "--check")
-    if ok:
-        _git_apply_cached(scratch, patch.path)  # later patches are checked on top of this one
-        return PatchCheck(patch.name, patch.subject, PatchState.APPLIES)
-    if _git_apply_cached(scratch, patch.path, "--check", "--reverse")[0]:
-        return PatchCheck(patch.name, patch.subject, PatchState.ALREADY_APPLIED)
-    return PatchCheck(patch.name, patch.subject, PatchState.CONFLICTS, _diagnose(scratch, patch, errors))
-
-
 def _diagnose(scratch: _Scratch, patch: PatchFile, errors: str) -> tuple[Conflict, ...]:
     """Find each failing hunk by checking hunks one at a time; fall back to git's own message."""
     conflicts: list[Conflict] = []
@@ -250,7 +282,8 @@ def _diagnose(scratch: _Scratch, patch: PatchFile, errors: str) -> tuple[Conflic
                 ok, hunk_errors = _git_apply_cached(scratch, hunk_file, "--check")
                 if not ok:
                     header_line = str(hunk).splitlines()[0].strip()
-                    conflicts.append(Conflict(patched.path, index, header_line, _first_error(hunk_errors)))
+                    reason = _first_error(hunk_errors).removeprefix(f"{patched.path}: ")
+                    conflicts.append(Conflict(patched.path, index, header_line, reason))
     if not conflicts:
         match = re.search(r"error: (?:patch failed: )?([^:\n]+)", errors)
         conflicts.append(Conflict(match[1] if match else "?", None, None, _first_error(errors)))

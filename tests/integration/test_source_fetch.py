@@ -97,21 +97,6 @@ def test_unreachable_git_url_fails_cleanly(tmp_path: Path) -> None:
 
 # --- pypi ------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="session")
-def pip_mirror(deepspeed_sdist: Path) -> Path:
-    """A find-links directory like an air-gapped site's mirror: the sdist plus its build requirements.
-
-    Kept next to the cached sdist, so a run downloads it at most once (pip needs setuptools to read
-    the sdist's metadata, even for `pip download`).
-    """
-    mirror = deepspeed_sdist.parent / "pip-mirror"
-    if not any(mirror.glob("setuptools-*.whl")):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
-                        "setuptools", "wheel", "-d", str(mirror)], check=True)
-    shutil.copy2(deepspeed_sdist, mirror / deepspeed_sdist.name)
-    return mirror
-
-
 @pytest.fixture
 def local_index(pip_mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """pip configured the way an air-gapped site configures it: no index, a local find-links mirror.
