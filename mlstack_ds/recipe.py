@@ -9,7 +9,6 @@ so another stage can define their schema without breaking this one.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +17,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from mlstack_ds import tomlcompat
 from mlstack_ds.errors import UsageError
 from mlstack_ds.resources import data_dir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 SCHEMA_VERSION = 1
 DEFAULT_RECIPE = "deepspeed-0.19.5"
@@ -83,8 +78,8 @@ def load_recipe(path: Path) -> Recipe:
         raise RecipeError(f"cannot read recipe {path}: {exc.strerror or exc}",
                           hint="check the path, or run `mlstack-ds recipes list`") from exc
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = tomlcompat.loads(text)
+    except tomlcompat.TOMLDecodeError as exc:
         raise RecipeError(f"{path}: not valid TOML ({exc})", hint="fix the syntax error shown") from exc
     return parse_recipe(data, path)
 

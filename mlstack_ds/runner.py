@@ -7,6 +7,7 @@ group killed on time-out so nothing is left running, and uniform errors (`ToolMi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -36,7 +37,9 @@ class RunResult:
     def tail(self, lines: int = 20) -> str:
         """The last lines of stderr (or stdout when stderr is empty): what a user needs to see."""
         text = self.stderr.strip() or self.stdout.strip()
-        return "\n".join(text.splitlines()[-lines:])
+        # Drop caret/tilde underline lines of Python tracebacks: they say nothing on their own.
+        meaningful = [ln for ln in text.splitlines() if ln.strip() and set(ln.strip()) - set("^~ ")]
+        return "\n".join(meaningful[-lines:])
 
 
 def which(name: str, extra_dirs: Iterable[Path] = (), path: str | None = None) -> Path | None:
@@ -97,10 +100,8 @@ def run(
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """Kill the child and everything it started (it leads its own session)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     try:
         proc.communicate(timeout=5)
     except (subprocess.TimeoutExpired, ValueError):

@@ -116,3 +116,19 @@ def git_source_repo(pristine_tree_template: Path, tmp_path_factory: pytest.TempP
     subprocess.run(["git", "add", "AFTER_THE_TAG.txt"], cwd=path, env=env, check=True)
     subprocess.run(["git", "commit", "-q", "-m", "after the tag"], cwd=path, env=env, check=True)
     return GitMirror(path=path, tag=tag, commit=commit)
+
+
+@pytest.fixture
+def fake_machine(tmp_path: Path):
+    """A machine whose ROCm tools are fakes replaying real captures (see tests/fakemachine.py)."""
+    from fakemachine import FakeMachine
+
+    return FakeMachine(tmp_path / "machine")
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An interpreter with nothing installed (no torch): a fresh venv without pip."""
+    venv = tmp_path_factory.mktemp("bare-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return venv / "bin" / "python"

@@ -37,7 +37,7 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
-        rich_markup_mode="rich",
+        rich_markup_mode="markdown",
     )
 
     @app.callback()

@@ -1,0 +1,110 @@
+"""Assemble the `Environment`: run the probes, decide the platform, explain what looks wrong."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from mlstack_ds import gfx
+from mlstack_ds.detect import probes
+from mlstack_ds.detect.model import TRACKED_ENV_VARS, Environment, GpuAgent, Platform, TorchInfo
+from mlstack_ds.detect.torch_probe import probe_python
+from mlstack_ds.errors import UsageError
+
+
+def resolve_python(python: str | Path | None) -> Path:
+    """The target interpreter: `--python` (an interpreter or a venv directory), default this one."""
+    if python is None:
+        return Path(sys.executable)
+    path = Path(python).expanduser()
+    if path.is_dir():
+        for candidate in (path / "bin" / "python", path / "bin" / "python3", path / "Scripts" / "python.exe"):
+            if candidate.exists():
+                return candidate
+        raise UsageError(f"--python {python}: a directory without bin/python", hint="pass the venv's python")
+    if not path.exists():
+        raise UsageError(f"--python {python}: no such file", hint="pass the path of a Python interpreter")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"--python {python}: not executable", hint="pass the path of a Python interpreter")
+    return path
+
+
+def detect(
+    environ: Mapping[str, str] | None = None,
+    python: str | Path | None = None,
+    tool_timeout: float = probes.TOOL_TIMEOUT_S,
+) -> Environment:
+    """Read the machine and the target interpreter. Never raises for what a machine may lack."""
+    environ = dict(os.environ if environ is None else environ)
+    target_python = resolve_python(python)
+    hsa_override = environ.get("HSA_OVERRIDE_GFX_VERSION") or None
+    ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ), timeout=tool_timeout)
+
+    amd = probes.amd_gpus(ctx, hsa_override)
+    nvidia = probes.nvidia_gpus(ctx)
+    probe = probe_python(target_python, environ)
+    rocm = probes.rocm_version(ctx, probe.torch.hip if probe.torch else None)
+
+    gpus = amd + [GpuAgent(**{**g.__dict__, "index": len(amd) + g.index}) for g in nvidia] if nvidia else amd
+    platform = decide_platform(amd, nvidia, probe.torch, rocm_found=rocm is not None)
+    warnings = [*ctx.warnings, *probe.warnings, *explain(amd, platform, probe.torch, hsa_override)]
+    return Environment(
+        platform=platform,
+        rocm=rocm,
+        gpus=gpus,
+        torch=probe.torch,
+        python=probe.python,
+        env={name: environ.get(name) for name in TRACKED_ENV_VARS},
+        warnings=warnings,
+        deepspeed=probe.deepspeed,
+    )
+
+
+def decide_platform(
+    amd: list[GpuAgent], nvidia: list[GpuAgent], torch: TorchInfo | None, rocm_found: bool
+) -> Platform:
+    """rocm: AMD GPUs visible, or a ROCm build host (ROCm + ROCm torch) without one;
+    cuda: NVIDIA GPUs visible (nvidia-smi or a CUDA torch that sees devices); else cpu."""
+    if amd:
+        return "rocm"
+    if nvidia or (torch is not None and torch.cuda and torch.device_count > 0):
+        return "cuda"
+    if torch is not None and torch.hip and (rocm_found or torch.device_count > 0):
+        return "rocm"
+    return "cpu"
+
+
+def explain(
+    amd: list[GpuAgent], platform: Platform, torch: TorchInfo | None, hsa_override: str | None
+) -> list[str]:
+    """Warnings a user should read before building: spoofed archs, stray iGPUs, unknown targets."""
+    notes = []
+    if hsa_override:
+        forced = gfx.arch_from_override(hsa_override)
+        archs = ", ".join(sorted({g.arch for g in amd if g.arch})) or "none"
+        notes.append(
+            f"HSA_OVERRIDE_GFX_VERSION={hsa_override} is set: the reported arch ({archs}) is spoofed"
+            + (f" as {forced}" if forced else "")
+            + ", not the GPU's native target; kernels built for it may not run correctly"
+        )
+    discrete = [g for g in amd if not g.integrated]
+    integrated = [g for g in amd if g.integrated]
+    if discrete and integrated:
+        keep = ",".join(str(g.index) for g in discrete)
+        names = ", ".join(f"{g.index}: {g.name or g.arch} ({g.arch})" for g in integrated)
+        notes.append(
+            f"integrated GPU visible next to the discrete GPU(s) [{names}]; hide it with "
+            f"HIP_VISIBLE_DEVICES={keep} (or ROCR_VISIBLE_DEVICES={keep})"
+        )
+    for gpu in amd:
+        if gpu.arch and not gfx.lookup(gpu.arch).known:
+            notes.append(f"GPU {gpu.index}: target {gpu.arch} is not in mlstack-ds's catalog")
+        if not gpu.arch:
+            notes.append(f"GPU {gpu.index}: its target (gfx arch) could not be determined")
+    if platform == "rocm" and not amd:
+        notes.append("ROCm PyTorch found but no AMD GPU is visible: builds need an explicit --arch")
+    if torch is None:
+        notes.append("PyTorch is not installed in the target Python")
+    return notes

@@ -1,0 +1,111 @@
+"""The frozen facts `detect` hands to every later stage (plan, doctor, verify).
+
+Field names are part of the `detect --json` contract; add fields, never rename them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Platform = Literal["rocm", "cuda", "cpu"]
+
+# Environment variables that change what DeepSpeed builds or which devices it sees.
+TRACKED_ENV_VARS: tuple[str, ...] = (
+    "HSA_OVERRIDE_GFX_VERSION",
+    "PYTORCH_ROCM_ARCH",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "DS_ACCELERATOR",
+    "ROCM_PATH",
+    "ROCM_HOME",
+    "HIP_PLATFORM",
+    "TORCH_CUDA_ARCH_LIST",
+    "DS_BUILD_OPS",
+)
+
+
+@dataclass(frozen=True)
+class RocmInstall:
+    root: str | None
+    version: str | None  # "6.2.4", or "6.1" when only a HIP version string was available
+    version_source: str | None  # which source answered, e.g. "<root>/.info/version"
+    raw_version: str | None = None  # the string as the source printed it
+
+
+@dataclass(frozen=True)
+class GpuAgent:
+    index: int
+    arch: str  # base target without feature suffixes: "gfx90a"; "" when unknown
+    target_id: str  # full target id: "gfx90a:sramecc+:xnack-"
+    name: str  # marketing name
+    wavefront_size: int | None
+    compute_units: int | None
+    vram_bytes: int | None
+    integrated: bool
+    node: int | None
+    vendor: str = "amd"
+    family: str = "unknown"
+    uuid: str | None = None
+    source: str = "rocminfo"  # which tool reported it
+    spoofed: bool = False  # arch forced by HSA_OVERRIDE_GFX_VERSION
+
+
+@dataclass(frozen=True)
+class TorchDevice:
+    name: str
+    gcn_arch_name: str | None
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    version: str
+    hip: str | None
+    cuda: str | None
+    arch_list: list[str]
+    device_count: int
+    devices: list[TorchDevice]
+    path: str | None = None
+
+    @property
+    def build(self) -> Platform:
+        """The kind of torch build: what it was compiled for, not what devices it sees."""
+        if self.hip:
+            return "rocm"
+        if self.cuda:
+            return "cuda"
+        return "cpu"
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    executable: str
+    version: str
+
+
+@dataclass(frozen=True)
+class DeepSpeedInfo:
+    version: str
+    location: str | None
+
+
+@dataclass(frozen=True)
+class Environment:
+    platform: Platform
+    rocm: RocmInstall | None
+    gpus: list[GpuAgent]
+    torch: TorchInfo | None
+    python: PythonInfo
+    env: dict[str, str | None]
+    warnings: list[str] = field(default_factory=list)
+    deepspeed: DeepSpeedInfo | None = None
+
+    @property
+    def discrete_gpus(self) -> list[GpuAgent]:
+        return [g for g in self.gpus if not g.integrated]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["torch"] = None if self.torch is None else {**asdict(self.torch), "build": self.torch.build}
+        return data

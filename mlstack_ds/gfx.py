@@ -1,0 +1,106 @@
+"""The GPU target catalog: what the installer must know about each AMD `gfx` target.
+
+The facts live in `gfx_targets.toml` (data, reviewed like data); this module loads them and answers
+questions that would otherwise be scattered `if arch.startswith(...)` branches.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from packaging.version import InvalidVersion, Version
+
+from mlstack_ds import tomlcompat
+
+_ARCH_RE = re.compile(r"^gfx([0-9]{1,2})([0-9a-f])([0-9a-f])$")
+# LLVM's generic targets (`gfx9-4-generic`, `gfx11-generic`) are code-object targets, not devices.
+_GENERIC_RE = re.compile(r"^gfx[0-9]+(-[0-9]+)*-generic$")
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    arch: str
+    family: str
+    wavefront: int
+    integrated: bool
+    first_rocm: str  # "" when no ROCm release supports it
+    products: str
+    known: bool = True
+
+
+@cache
+def catalog() -> dict[str, GpuTarget]:
+    """All catalogued targets (loaded once per process; the data is immutable)."""
+    text = resources.files("mlstack_ds").joinpath("gfx_targets.toml").read_text(encoding="utf-8")
+    table = tomlcompat.loads(text)
+    return {
+        arch: GpuTarget(
+            arch=arch,
+            family=str(entry["family"]),
+            wavefront=int(entry["wavefront"]),
+            integrated=bool(entry["integrated"]),
+            first_rocm=str(entry.get("first_rocm", "")),
+            products=str(entry.get("products", "")),
+        )
+        for arch, entry in table.items()
+    }
+
+
+def is_generic(arch: str) -> bool:
+    return bool(_GENERIC_RE.match(arch))
+
+
+def is_valid_arch(arch: str) -> bool:
+    """`gfx` + major (1-2 digits) + minor + stepping (hex digits), e.g. gfx90a, gfx1100."""
+    return bool(_ARCH_RE.match(arch))
+
+
+def base_arch(target_id: str) -> str:
+    """`gfx90a:sramecc+:xnack-` -> `gfx90a`; also strips an `amdgcn-amd-amdhsa--` ISA prefix."""
+    name = target_id.rsplit("--", 1)[-1]
+    return name.split(":", 1)[0].strip()
+
+
+def wavefront_for(arch: str) -> int | None:
+    """Native wavefront size: the catalog's, else by generation (gfx9 and older wave64, gfx10+ wave32)."""
+    entry = catalog().get(arch)
+    if entry:
+        return entry.wavefront
+    match = _ARCH_RE.match(arch)
+    if not match:
+        return None
+    return 64 if int(match.group(1)) <= 9 else 32
+
+
+def lookup(arch: str) -> GpuTarget:
+    """The catalog entry, or a best-effort entry marked `known=False` for an uncatalogued target."""
+    entry = catalog().get(arch)
+    if entry:
+        return entry
+    wave = wavefront_for(arch) or 0
+    return GpuTarget(arch, "unknown", wave, False, "", "", known=False)
+
+
+def arch_from_override(value: str) -> str | None:
+    """`HSA_OVERRIDE_GFX_VERSION=10.3.0` -> `gfx1030`; `9.0.10` -> `gfx90a` (minor/stepping are hex)."""
+    parts = value.strip().split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    major, minor, stepping = (int(p) for p in parts)
+    if minor > 15 or stepping > 15:
+        return None
+    return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def rocm_supports(arch: str, rocm_version: str) -> bool | None:
+    """Whether `rocm_version` is at least the target's first supporting release (None: unknown)."""
+    entry = catalog().get(arch)
+    if not entry or not entry.first_rocm:
+        return None
+    try:
+        return Version(rocm_version) >= Version(entry.first_rocm)
+    except InvalidVersion:
+        return None

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One-line installer: create or reuse a venv, install mlstack-ds into it, and run it.
+#
+#   scripts/install_deepspeed.sh [--venv DIR] [--with-torch cpu] [--] [mlstack-ds install options...]
+#
+# --venv DIR        the environment that gets DeepSpeed (default: .venv next to this repo). It is
+#                   created with --system-site-packages so a system-wide ROCm PyTorch stays visible.
+# --with-torch cpu  also install the pinned CPU build of PyTorch (torch==2.13.0+cpu) into the venv,
+#                   for machines without a GPU. PyTorch is otherwise never installed behind your back:
+#                   pip's unpinned `torch` is a multi-GB CUDA build, wrong for AMD GPUs.
+# Never uses sudo, never prompts; safe to re-run.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$repo/.venv"
+with_torch=""
+passthrough=()
+
+usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+while (($#)); do
+  case "$1" in
+    --venv) [[ $# -ge 2 ]] || { echo "error: --venv needs a directory" >&2; exit 2; }; venv=$2; shift 2 ;;
+    --venv=*) venv=${1#--venv=}; shift ;;
+    --with-torch) [[ $# -ge 2 ]] || { echo "error: --with-torch needs a kind (cpu)" >&2; exit 2; }; with_torch=$2; shift 2 ;;
+    --with-torch=*) with_torch=${1#--with-torch=}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; passthrough+=("$@"); break ;;
+    *) passthrough+=("$1"); shift ;;
+  esac
+done
+
+case "$with_torch" in
+  ""|cpu) ;;
+  *) echo "error: --with-torch $with_torch: only 'cpu' can be installed by this script" >&2
+     echo "hint: for ROCm, install PyTorch from https://download.pytorch.org/whl/rocmX.Y (matching your ROCm) first" >&2
+     exit 2 ;;
+esac
+
+python=${PYTHON:-python3}
+command -v "$python" >/dev/null || { echo "error: $python not found" >&2; echo "hint: install Python >= 3.10" >&2; exit 3; }
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
+  echo "error: $python is $("$python" -V 2>&1); mlstack-ds needs Python >= 3.10" >&2; exit 3; }
+
+if [[ ! -x $venv/bin/python ]]; then
+  echo "==> creating $venv (with system site-packages)" >&2
+  "$python" -m venv --system-site-packages "$venv"
+fi
+echo "==> installing mlstack-ds into $venv" >&2
+"$venv/bin/python" -m pip install --quiet "$repo"
+
+if [[ $with_torch == cpu ]]; then
+  if "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if (torch.version.hip or torch.version.cuda) is None else 1)' 2>/dev/null; then
+    echo "==> a CPU PyTorch is already installed: $("$venv/bin/python" -c 'import torch; print(torch.__version__)')" >&2
+  else
+    echo "==> installing PyTorch (CPU build, torch==2.13.0+cpu)" >&2
+    "$venv/bin/python" -m pip install --quiet "torch==2.13.0+cpu"
+  fi
+fi
+
+if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+  echo "note: PyTorch is not installed in $venv; DeepSpeed needs it." >&2
+  echo "      ROCm: pip install torch --index-url https://download.pytorch.org/whl/rocmX.Y (your ROCm version)" >&2
+  echo "      CPU only: re-run with --with-torch cpu" >&2
+fi
+
+exec "$venv/bin/mlstack-ds" detect "${passthrough[@]}"

@@ -1,0 +1,84 @@
+"""A fake AMD machine for tests: executables on PATH that replay real captured tool outputs.
+
+Only the hardware is fake: the CLI runs as a real subprocess, finds the tools on PATH, runs them and
+parses what they print. Scripts use absolute paths (/bin/cat, /bin/sleep) so PATH can hold only them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REAL = FIXTURES / "real"
+
+
+@dataclass
+class FakeMachine:
+    root: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.bin = self.root / "bin"
+        self.bin.mkdir(parents=True, exist_ok=True)
+
+    def tool(
+        self,
+        name: str,
+        capture: str | Path | None = None,
+        *,
+        text: str | None = None,
+        exit_code: int = 0,
+        stderr: str = "",
+        hang: bool = False,
+    ) -> Path:
+        """Install `name` printing a real capture (a file name under fixtures/real) or `text`."""
+        lines = ["#!/bin/sh"]
+        if hang:
+            lines.append("exec /bin/sleep 600")
+        if capture is not None:
+            path = capture if isinstance(capture, Path) else REAL / capture
+            lines.append(f"/bin/cat {shlex.quote(str(path))}")
+        if text is not None:
+            data = self.root / f"{name}.out"
+            data.write_text(text)
+            lines.append(f"/bin/cat {shlex.quote(str(data))}")
+        if stderr:
+            lines.append(f"echo {shlex.quote(stderr)} >&2")
+        lines.append(f"exit {exit_code}")
+        script = self.bin / name
+        script.write_text("\n".join(lines) + "\n")
+        script.chmod(0o755)
+        return script
+
+    def rocm_root(self, files: dict[str, str] | None = None) -> Path:
+        """A ROCm install directory with the given files (relative path -> contents); sets ROCM_PATH."""
+        root = self.root / "rocm"
+        root.mkdir(exist_ok=True)
+        for relative, content in (files or {}).items():
+            target = root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        self.extra_env["ROCM_PATH"] = str(root)
+        return root
+
+    def environ(self) -> dict[str, str]:
+        """A clean environment: PATH holds only the fake tools, no ROCm/GPU variables leak in."""
+        keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")}
+        return {**keep, "PATH": str(self.bin), "COLUMNS": "200", **self.extra_env}
+
+    def run_cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mlstack_ds", *args],
+            env=self.environ(), capture_output=True, text=True, timeout=timeout,
+        )
+
+    def detect_json(self, *args: str) -> dict:
+        result = self.run_cli("detect", "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
