@@ -21,7 +21,7 @@ from mlstack_ds.errors import FetchError, UsageError
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.source.archive import extract_archive, is_archive_name
 from mlstack_ds.source.cache import Cache, publish, sha256_of
-from mlstack_ds.source.git import _head, clone_pinned_tag
+from mlstack_ds.source.git import clone_pinned_tag, repo_head
 from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH, git, import_tree, is_git_worktree
 from mlstack_ds.source.local import check_deepspeed_tree, copy_plain_tree, has_commit
 from mlstack_ds.source.pypi import pip_download_sdist
@@ -185,7 +185,7 @@ def _repo_from_archive(cache: Cache, sha256: str, recipe: Recipe,
     The archive is only fetched (`get_archive`) on a cache miss: a repeated fetch needs no network.
     """
     entry = cache.repo_path(f"archive-{sha256[:32]}")
-    commit = _head(entry) if entry.is_dir() else None
+    commit = repo_head(entry)
     if commit is not None:
         return entry, commit
     archive = get_archive()

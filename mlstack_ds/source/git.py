@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import git as gitpython
-
-from mlstack_ds.errors import FetchError
+from mlstack_ds.errors import FetchError, ToolMissing
 from mlstack_ds.source.cache import Cache, publish, short_key
-from mlstack_ds.source.gitrepo import git_env
+from mlstack_ds.source.gitrepo import git, git_env
 
 
 def normalize_git_url(url: str) -> str:
@@ -31,8 +29,15 @@ def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str) -> Path:
     """Return a cached clone whose HEAD is `commit`, cloning `tag` from `url` on a miss."""
     url = normalize_git_url(url)
     entry = cache.repo_path(f"git-{short_key(url)}-{tag}-{commit[:12]}")
-    if entry.is_dir() and _head(entry) == commit:
+    if repo_head(entry) == commit:
         return entry
+    try:
+        # Imported here: gitpython refuses to import without a git executable, and commands that
+        # never clone (detect, doctor) must keep working on such machines.
+        import git as gitpython  # noqa: PLC0415
+    except ImportError as exc:
+        raise ToolMissing("git: not found", hint="install git (e.g. apt-get install git), or use --source pypi"
+                          ) from exc
     with cache.staging_dir("clone") as staging:
         clone = staging / "repo"
         try:
@@ -58,9 +63,10 @@ def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str) -> Path:
         return publish(clone, entry)
 
 
-def _head(repo_dir: Path) -> str | None:
-    try:
-        with gitpython.Repo(repo_dir) as repo:
-            return repo.head.commit.hexsha
-    except (gitpython.InvalidGitRepositoryError, gitpython.NoSuchPathError, ValueError):
+def repo_head(repo_dir: Path) -> str | None:
+    """The commit checked out in the repository at `repo_dir`, or None when it is not a usable repo."""
+    if not (repo_dir / ".git").exists():  # never fall through to an enclosing repository
         return None
+    result = git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo_dir, error=FetchError,
+                 what="git rev-parse", check=False)
+    return result.stdout.strip() if result.ok else None
