@@ -69,7 +69,7 @@ def test_patches_commands_report_and_exit_codes(pristine_tree_template: Path, cl
     assert listed.returncode == 0, listed.stderr
     patches = json.loads(listed.stdout)["patches"]
     assert [p["name"] for p in patches] == ["0001-cli-marker.patch", "0002-version-conflicts.patch"]
-    assert patches[0]["files"] == ["op_builder/builder.py", "deepspeed/mlstack_cli_marker.py"]
+    assert sorted(patches[0]["files"]) == ["deepspeed/mlstack_cli_marker.py", "op_builder/builder.py"]
 
     checked = run_cli("patches", "check", "--tree", str(tree), "--series", str(cli_series["bad"]), "--json")
     assert checked.returncode == ExitCode.PATCH
