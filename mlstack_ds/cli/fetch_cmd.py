@@ -60,8 +60,9 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json({**asdict(tree), "path": str(tree.path)})
         else:
+            note = ", from the cache" if tree.from_cache else ""
             output.out.print(f"{tree.path}  {recipe.package} {recipe.version} at {tree.commit} "
-                             f"(source {tree.kind}: {tree.origin})")
+                             f"(source {tree.kind}: {tree.origin}{note})")
 
 
 class _progress:

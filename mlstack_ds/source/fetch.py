@@ -21,7 +21,7 @@ from mlstack_ds.errors import FetchError, UsageError
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.source.archive import extract_archive, is_archive_name
 from mlstack_ds.source.cache import Cache, publish, sha256_of
-from mlstack_ds.source.git import clone_pinned_tag, repo_head
+from mlstack_ds.source.git import clone_pinned_tag, git_cache_entry, repo_head
 from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH, git, import_tree, is_git_worktree
 from mlstack_ds.source.local import check_deepspeed_tree, copy_plain_tree, has_commit
 from mlstack_ds.source.pypi import pip_download_sdist
@@ -46,13 +46,18 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class SourceTree:
-    """A fetched tree: a git work tree at `commit` on branch `mlstack-ds`, clean."""
+    """A fetched tree: a git work tree at `commit` on branch `mlstack-ds`, clean.
+
+    `from_cache`: the pinned content was already in the cache, so `origin` was not contacted (entries
+    are keyed by sha256 / commit, so the content is the same whichever URL or mirror is named).
+    """
 
     path: Path
     commit: str
     kind: SourceKind
     origin: str
     sha256: str | None
+    from_cache: bool = False
 
 
 def parse_source_spec(source: str = "git", *, git_url: str | None = None, git_commit: str | None = None,
@@ -96,10 +101,12 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
     if spec.kind == "git":
         url = spec.git_url or recipe.git.url
         commit = spec.git_commit or recipe.git.commit
+        from_cache = repo_head(git_cache_entry(cache, url, recipe.git.tag, commit)) == commit
         repo = clone_pinned_tag(cache, url, recipe.git.tag, commit)
         origin = f"{url}@{recipe.git.tag}"
     elif spec.kind == "pypi":
         sha256 = recipe.sdist.sha256
+        from_cache = repo_head(_archive_entry(cache, sha256)) is not None
         def from_index(into: Path) -> Path:
             return pip_download_sdist(recipe.package, recipe.requirement, into)
 
@@ -110,6 +117,7 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
         assert spec.location is not None
         url = spec.location
         sha256 = spec.sha256 or recipe.sdist.sha256
+        from_cache = repo_head(_archive_entry(cache, sha256)) is not None
         repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: _cached_download(
             cache, sha256, filename_from_url(url), lambda into: download(url, into, progress)))
         origin = url
@@ -117,7 +125,8 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
         assert spec.location is not None
         return _fetch_local(recipe, spec, cache, Path(spec.location).expanduser(), dest)
     _materialize(repo, commit, dest)
-    return SourceTree(path=dest, commit=commit, kind=spec.kind, origin=origin, sha256=sha256)
+    return SourceTree(path=dest, commit=commit, kind=spec.kind, origin=origin, sha256=sha256,
+                      from_cache=from_cache)
 
 
 def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, path: Path, dest: Path) -> SourceTree:
@@ -184,7 +193,7 @@ def _repo_from_archive(cache: Cache, sha256: str, recipe: Recipe,
 
     The archive is only fetched (`get_archive`) on a cache miss: a repeated fetch needs no network.
     """
-    entry = cache.repo_path(f"archive-{sha256[:32]}")
+    entry = _archive_entry(cache, sha256)
     commit = repo_head(entry)
     if commit is not None:
         return entry, commit
@@ -197,6 +206,10 @@ def _repo_from_archive(cache: Cache, sha256: str, recipe: Recipe,
             shutil.rmtree(entry)
         publish(root, entry)
     return entry, commit
+
+
+def _archive_entry(cache: Cache, sha256: str) -> Path:
+    return cache.repo_path(f"archive-{sha256[:32]}")
 
 
 def _check_dest(dest: Path) -> None:

@@ -25,10 +25,14 @@ def normalize_git_url(url: str) -> str:
     return path.resolve().as_uri()
 
 
+def git_cache_entry(cache: Cache, url: str, tag: str, commit: str) -> Path:
+    return cache.repo_path(f"git-{short_key(normalize_git_url(url))}-{tag}-{commit[:12]}")
+
+
 def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str) -> Path:
     """Return a cached clone whose HEAD is `commit`, cloning `tag` from `url` on a miss."""
+    entry = git_cache_entry(cache, url, tag, commit)
     url = normalize_git_url(url)
-    entry = cache.repo_path(f"git-{short_key(url)}-{tag}-{commit[:12]}")
     if repo_head(entry) == commit:
         return entry
     try:

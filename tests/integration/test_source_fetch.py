@@ -71,6 +71,7 @@ def test_git_plain_path_mirror_works_and_second_fetch_uses_the_cache(git_source_
     finally:
         moved.rename(git_source_repo.path)
     assert second.commit == first.commit
+    assert second.from_cache and not first.from_cache
     assert_clean_pinned_tree(second.path, first.commit)
 
 
@@ -125,7 +126,7 @@ def test_pypi_source_through_pip_configuration(local_index: Path, tmp_path: Path
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
     second = fetch_source(find_recipe(), parse_source_spec("pypi"), cache, tmp_path / "b")
-    assert second.commit == tree.commit
+    assert second.commit == tree.commit and second.from_cache
     with pytest.raises(FetchError, match=r"pip download deepspeed==0\.19\.5 failed"):
         fetch_source(find_recipe(), parse_source_spec("pypi"), tmp_path / "cold-cache", tmp_path / "c")
     nothing_left(tmp_path / "cold-cache", tmp_path / "c")

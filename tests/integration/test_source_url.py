@@ -82,7 +82,7 @@ def test_url_download_is_checked_cached_and_imported(server: Server, tmp_path: P
     seen: list[tuple[int, int | None]] = []
     tree = fetch_source(find_recipe(), parse_source_spec(url), cache, tmp_path / "a",
                         progress=lambda got, total: seen.append((got, total)))
-    assert tree.kind == "url"
+    assert tree.kind == "url" and not tree.from_cache
     assert tree.sha256 == find_recipe().sdist.sha256
     # Same content as the sdist imported any other way => the same commit id.
     assert tree.commit == _head(pristine_tree_template)
@@ -90,7 +90,7 @@ def test_url_download_is_checked_cached_and_imported(server: Server, tmp_path: P
     assert (cache / "downloads" / tree.sha256 / SDIST).is_file()
 
     again = fetch_source(find_recipe(), parse_source_spec(url), cache, tmp_path / "b")
-    assert again.commit == tree.commit
+    assert again.commit == tree.commit and again.from_cache
     assert server.hits[f"/good/{SDIST}"] == 1  # the second fetch came from the cache
     assert _run_git(again.path, "rev-parse", PRISTINE_REF) == tree.commit
 
