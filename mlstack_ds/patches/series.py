@@ -7,6 +7,7 @@ a path that leaves the tree is a broken *input*, refused before any tree is touc
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -62,6 +63,7 @@ def read_series_names(series_file: Path) -> list[str]:
 
 def load_series(series_file: Path) -> Series:
     """Read the series file and every patch it names; refuse missing, unsafe or unparsable patches."""
+    series_file = Path(os.path.abspath(series_file))  # git later runs inside the tree, not here
     directory = series_file.parent
     patches = []
     seen: set[str] = set()

@@ -138,3 +138,11 @@ def test_loading_refuses_broken_series(tmp_path: Path) -> None:
         load_series(directory / "series")
     with pytest.raises(PatchError, match="cannot read patch series"):
         load_series(directory / "absent")
+
+
+def test_relative_series_path_gives_absolute_patch_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_dir(tmp_path, {"0001-a.patch": patch_text()})
+    monkeypatch.chdir(tmp_path)
+    series = load_series(Path("series-dir/series"))
+    assert series.patches[0].path == tmp_path / "series-dir" / "0001-a.patch"
+    assert series.series_file.is_absolute()
