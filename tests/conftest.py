@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
-import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from mlstack_ds.recipe import find_recipe
+from mlstack_ds.source import fetch_source, parse_source_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DS_VERSION = "0.19.5"
@@ -51,17 +55,67 @@ def deepspeed_sdist() -> Path:
 
 
 @pytest.fixture(scope="session")
-def pristine_tree_template(deepspeed_sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist extracted once per session into a git repo with one commit (do not modify; copy it)."""
-    root = tmp_path_factory.mktemp("ds-pristine")
-    with tarfile.open(deepspeed_sdist) as tar:
-        tar.extractall(root, filter="data")
-    tree = root / f"deepspeed-{DS_VERSION}"
+def pip_mirror(deepspeed_sdist: Path) -> Path:
+    """A find-links directory like an air-gapped site's mirror: the sdist plus its build requirements.
+
+    Kept next to the cached sdist, so a run downloads it at most once (pip needs setuptools to read
+    the sdist's metadata, even for `pip download`).
+    """
+    mirror = deepspeed_sdist.parent / "pip-mirror"
+    if not any(mirror.glob("setuptools-*.whl")):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
+                        "setuptools", "wheel", "-d", str(mirror)], check=True)
+    shutil.copy2(deepspeed_sdist, mirror / deepspeed_sdist.name)
+    return mirror
+
+
+@pytest.fixture(scope="session")
+def fetch_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fetch cache (`--cache-dir`) shared by the session: one sdist import serves every test."""
+    return tmp_path_factory.mktemp("fetch-cache")
+
+
+@pytest.fixture(scope="session")
+def pristine_tree_template(
+    deepspeed_sdist: Path, fetch_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The sdist extracted once per session into a git repo with one commit (do not modify; copy it).
+
+    Made by the tool's own PATH source (`mlstack-ds fetch --source <sdist>`), so there is one implementation
+    of "sdist -> pinned one-commit tree"; the commit id is reproducible (fixed identity and date).
+    """
+    dest = tmp_path_factory.mktemp("ds-pristine") / f"deepspeed-{DS_VERSION}"
+    return fetch_source(find_recipe(), parse_source_spec(str(deepspeed_sdist)), fetch_cache, dest).path
+
+
+@dataclass(frozen=True)
+class GitMirror:
+    """A local git repository standing in for github.com/deepspeedai/DeepSpeed (not reachable here)."""
+
+    path: Path
+    tag: str
+    commit: str  # what the tag points at in this mirror (not upstream's cf44300...: different history)
+
+    @property
+    def url(self) -> str:
+        return self.path.as_uri()
+
+
+@pytest.fixture(scope="session")
+def git_source_repo(pristine_tree_template: Path, tmp_path_factory: pytest.TempPathFactory) -> GitMirror:
+    """A git repo made from the sdist, tagged v0.19.5 (annotated), with a later commit on top of the tag
+    so that cloning "the tag" and cloning "the default branch" give different results."""
+    path = tmp_path_factory.mktemp("ds-git-mirror") / "DeepSpeed"
     env = {**os.environ, **GIT_IDENTITY}
-    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
-                 ["git", "commit", "-q", "-m", f"DeepSpeed {DS_VERSION} sdist"]):
-        subprocess.run(argv, cwd=tree, env=env, check=True)
-    return tree
+    subprocess.run(["git", "clone", "-q", str(pristine_tree_template), str(path)], env=env, check=True)
+    tag = f"v{DS_VERSION}"
+    subprocess.run(["git", "tag", "-a", tag, "-m", f"DeepSpeed {DS_VERSION}"], cwd=path, env=env, check=True)
+    commit = subprocess.run(["git", "rev-parse", f"{tag}^{{commit}}"], cwd=path, env=env, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    (path / "AFTER_THE_TAG.txt").write_text("work that happened after the release\n")
+    subprocess.run(["git", "add", "AFTER_THE_TAG.txt"], cwd=path, env=env, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "after the tag"], cwd=path, env=env, check=True)
+    return GitMirror(path=path, tag=tag, commit=commit)
 
 
 @pytest.fixture

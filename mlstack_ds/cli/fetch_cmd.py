@@ -1,0 +1,90 @@
+"""`mlstack-ds fetch`: get upstream DeepSpeed at exactly the pinned release into a clean git tree."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from mlstack_ds.console import Output, make_output
+from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe
+from mlstack_ds.source import fetch_source, parse_source_spec
+
+RecipeOpt = Annotated[str, typer.Option("--recipe", help="Recipe name or .toml path.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def default_dest(recipe: Recipe) -> Path:
+    return Path(f"{recipe.package}-{recipe.version}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def fetch(
+        *,
+        source: Annotated[str, typer.Option(
+            "--source", help="git | pypi | http(s) URL of a tarball | PATH (checkout, sdist dir or archive)."
+        )] = "git",
+        dest: Annotated[Path | None, typer.Option(
+            "--dest", help="Where the tree goes (default ./deepspeed-VERSION); must not exist or be empty."
+        )] = None,
+        cache_dir: Annotated[Path | None, typer.Option(
+            "--cache-dir", help="Download/clone cache (default $XDG_CACHE_HOME/mlstack-ds)."
+        )] = None,
+        git_url: Annotated[str | None, typer.Option(
+            "--git-url", help="Clone from this URL or local mirror instead of the recipe's (git only)."
+        )] = None,
+        git_commit: Annotated[str | None, typer.Option(
+            "--git-commit", help="Expect this commit for the tag instead of the pinned one (a mirror)."
+        )] = None,
+        sha256: Annotated[str | None, typer.Option(
+            "--sha256", help="Expected sha256 of a URL/PATH archive that is not the pinned sdist."
+        )] = None,
+        recipe_name: RecipeOpt = DEFAULT_RECIPE,
+        json_output: JsonOpt = False,
+    ) -> None:
+        """Fetch the pinned DeepSpeed source (git tag, PyPI sdist, tarball URL or local path)."""
+        output = make_output(json_output)
+        recipe = find_recipe(recipe_name)
+        spec = parse_source_spec(source, git_url=git_url, git_commit=git_commit, sha256=sha256)
+        if spec.git_commit and spec.git_commit != recipe.git.commit:
+            output.warn(f"expecting commit {spec.git_commit} for {recipe.git.tag}, not the pinned "
+                        f"{recipe.git.commit} (--git-commit)")
+        target = dest if dest is not None else default_dest(recipe)
+        output.status(f"fetching {recipe.package} {recipe.version} from {source} ...")
+        with _progress(output) as progress:
+            tree = fetch_source(recipe, spec, cache_dir, target, progress=progress)
+        if json_output:
+            output.emit_json({**asdict(tree), "path": str(tree.path)})
+        else:
+            note = ", from the cache" if tree.from_cache else ""
+            output.out.print(f"{tree.path}  {recipe.package} {recipe.version} at {tree.commit} "
+                             f"(source {tree.kind}: {tree.origin}{note})")
+
+
+class _progress:
+    """A download bar on stderr, drawn only once bytes arrive (git/pypi/cached fetches show none)."""
+
+    def __init__(self, output: Output) -> None:
+        self._output = output
+        self._bar: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> _progress:
+        return self
+
+    def __call__(self, received: int, total: int | None) -> None:
+        if self._bar is None:
+            self._bar = Progress("download", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                 console=self._output.err, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("download", total=total)
+        assert self._task is not None
+        self._bar.update(self._task, completed=received, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,155 @@
+"""`mlstack-ds patches list|check|apply|status|lint`: the patch series and what it does to a tree."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from mlstack_ds.console import make_output
+from mlstack_ds.errors import PatchError
+from mlstack_ds.patches import (
+    PatchState,
+    SeriesCheck,
+    apply_series,
+    check_series,
+    lint_patch_dir,
+    series_for_recipe,
+    tree_status,
+)
+from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
+from mlstack_ds.resources import data_dir
+
+_STYLE = {PatchState.APPLIES: "green", PatchState.ALREADY_APPLIED: "cyan", PatchState.CONFLICTS: "red"}
+
+RecipeOpt = Annotated[str, typer.Option("--recipe", help="Recipe name or .toml path.")]
+SeriesOpt = Annotated[Path | None, typer.Option("--series", help="This series file, not the recipe's.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The tree (default ./deepspeed-VERSION).")]
+
+
+def _default_tree(recipe_name: str) -> Path:
+    recipe = find_recipe(recipe_name)
+    return Path(f"{recipe.package}-{recipe.version}")
+
+
+def check_document(check: SeriesCheck) -> dict[str, Any]:
+    return {
+        "tree": str(check.tree),
+        "patches": [
+            {"name": r.name, "subject": r.subject, "state": r.state.value,
+             "conflicts": [asdict(c) for c in r.conflicts]}
+            for r in check.results
+        ],
+    }
+
+
+def _check_table(check: SeriesCheck) -> Table:
+    table = Table("patch", "state", "details")
+    for r in check.results:
+        details = "\n".join(escape(c.describe()) for c in r.conflicts) or escape(r.subject)
+        table.add_row(r.name, f"[{_STYLE[r.state]}]{r.state.value}[/]", details)
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    patches = typer.Typer(help="Inspect and apply the patch series.", no_args_is_help=True)
+    app.add_typer(patches, name="patches")
+
+    @patches.command("list")
+    def list_(
+        recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOpt = False
+    ) -> None:
+        """The series in order, with subjects and the files each patch touches."""
+        output = make_output(json_output)
+        loaded = series_for_recipe(find_recipe(recipe), series)
+        if json_output:
+            output.emit_json({"series": str(loaded.series_file), "patches": [
+                {"name": p.name, "subject": p.subject, "files": list(p.files), "sha256": p.sha256,
+                 "origin": p.fields.get("Origin"), "forwarded": p.fields.get("Forwarded")}
+                for p in loaded.patches]})
+            return
+        if not loaded.patches:
+            output.out.print(f"{loaded.series_file}: the series is empty")
+            return
+        table = Table("patch", "subject", "files")
+        for p in loaded.patches:
+            table.add_row(p.name, escape(p.subject), "\n".join(p.files))
+        output.out.print(table)
+
+    @patches.command("check")
+    def check(
+        tree: TreeOpt = None, recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None,
+        json_output: JsonOpt = False,
+    ) -> None:
+        """Check every patch against a tree: applies / already applied / conflicts (exit 5 on conflicts)."""
+        output = make_output(json_output)
+        result = check_series(tree or _default_tree(recipe), series_for_recipe(find_recipe(recipe), series))
+        if json_output:
+            output.emit_json(check_document(result))
+        else:
+            output.out.print(_check_table(result))
+        if result.conflicting:
+            names = ", ".join(r.name for r in result.conflicting)
+            raise PatchError(f"{len(result.conflicting)} of {len(result.results)} patches conflict: {names}",
+                             hint="the tree is not the pinned release, or a patch needs refreshing")
+
+    @patches.command("apply")
+    def apply(
+        tree: TreeOpt = None, recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None,
+        json_output: JsonOpt = False,
+    ) -> None:
+        """Apply the whole series (one commit per patch, reproducible) or nothing (exit 5)."""
+        output = make_output(json_output)
+        result = apply_series(tree or _default_tree(recipe), series_for_recipe(find_recipe(recipe), series))
+        if json_output:
+            document = asdict(result)
+            document["tree"] = str(result.tree)
+            document["patches"] = [{"name": n, "sha256": s} for n, s in result.patches]
+            output.emit_json(document)
+            return
+        verb = "already applied" if result.already_applied else f"applied {len(result.commits)} patches"
+        output.out.print(f"{result.tree}: {verb}; HEAD {result.head}, tree {result.tree_hash}")
+
+    @patches.command("status")
+    def status(
+        tree: Annotated[Path, typer.Option("--tree", help="Any DeepSpeed tree, e.g. your own checkout.")],
+        recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOpt = False,
+    ) -> None:
+        """Report a tree's state against the series (read-only, exit 0)."""
+        output = make_output(json_output)
+        result = tree_status(tree, series_for_recipe(find_recipe(recipe), series))
+        summary = {"tree": str(result.tree), "git": result.is_git, "head": result.head,
+                   "pristine": result.pristine, "uncommitted_changes": result.dirty,
+                   "version": result.version}
+        if json_output:
+            output.emit_json({**summary, **check_document(result.check)})
+            return
+        for key, value in summary.items():
+            output.out.print(f"{key}: {value}")
+        output.out.print(_check_table(result.check))
+
+    @patches.command("lint")
+    def lint(
+        directories: Annotated[list[Path] | None, typer.Argument(
+            help="Patch directories (default: all shipped).")] = None,
+        json_output: JsonOpt = False,
+    ) -> None:
+        """Lint patch directories: parse, paths, binary hunks, header fields, series completeness."""
+        output = make_output(json_output)
+        dirs = directories or sorted(p.parent for p in data_dir("patches").glob("*/series"))
+        problems = {str(d): [str(p) for p in lint_patch_dir(d)] for d in dirs}
+        if json_output:
+            output.emit_json(problems)
+        else:
+            for directory, found in problems.items():
+                output.out.print(f"{directory}: {'ok' if not found else f'{len(found)} problem(s)'}")
+                for line in found:
+                    output.out.print(f"  {escape(line)}")
+        count = sum(len(v) for v in problems.values())
+        if count:
+            raise PatchError(f"{count} lint problem(s) in the patch series", hint="fix the listed patches")

@@ -1,0 +1,63 @@
+"""`mlstack-ds recipes list|show`: the pinned releases this tool knows."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from mlstack_ds.console import make_output
+from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def recipe_document(recipe: Recipe) -> dict[str, Any]:
+    return {
+        "name": recipe.name,
+        "path": str(recipe.path),
+        "package": recipe.package,
+        "version": recipe.version,
+        "min_rocm": recipe.min_rocm,
+        "git": {"url": recipe.git.url, "tag": recipe.git.tag, "commit": recipe.git.commit},
+        "sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
+        "series": str(recipe.series_path),
+        "platforms": {name: dict(table) for name, table in recipe.platforms.items()},
+    }
+
+
+def register(app: typer.Typer) -> None:
+    recipes = typer.Typer(help="Show the pinned releases (recipes).", no_args_is_help=True)
+    app.add_typer(recipes, name="recipes")
+
+    @recipes.command("list")
+    def list_(json_output: JsonOpt = False) -> None:
+        """List the shipped recipes."""
+        output = make_output(json_output)
+        found = list_recipes()
+        if json_output:
+            output.emit_json([recipe_document(r) for r in found])
+            return
+        table = Table("recipe", "version", "git tag", "commit", "min ROCm")
+        for r in found:
+            table.add_row(r.name, r.version, r.git.tag, r.git.commit[:12], r.min_rocm)
+        output.out.print(table)
+
+    @recipes.command("show")
+    def show(
+        name: Annotated[str, typer.Argument(help="Recipe name or .toml path.")] = DEFAULT_RECIPE,
+        json_output: JsonOpt = False,
+    ) -> None:
+        """Show one recipe: the pin and the patch series it uses."""
+        output = make_output(json_output)
+        document = recipe_document(find_recipe(name))
+        if json_output:
+            output.emit_json(document)
+            return
+        for key, value in document.items():
+            if isinstance(value, dict):
+                for sub, item in value.items():
+                    output.out.print(f"{key}.{sub}: {item}")
+            else:
+                output.out.print(f"{key}: {value}")

@@ -1,0 +1,248 @@
+"""`fetch`: from a source spec to a clean git tree at the pinned content, via the cache.
+
+Why every source ends as a git repo: patching, rollback and the reproducible tree hash then work the
+same way whatever the source was. A git source keeps upstream's pinned commit; any other source is
+imported as one commit with a fixed identity, date and message, so identical content always gives the
+identical commit id (an sdist from PyPI, the same sdist from a URL, or its extracted directory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from mlstack_ds.errors import FetchError, UsageError
+from mlstack_ds.recipe import Recipe
+from mlstack_ds.source.archive import extract_archive, is_archive_name
+from mlstack_ds.source.cache import Cache, publish, sha256_of
+from mlstack_ds.source.git import clone_pinned_tag, git_cache_entry, repo_head
+from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH, git, import_tree, is_git_worktree
+from mlstack_ds.source.local import check_deepspeed_tree, copy_plain_tree, has_commit
+from mlstack_ds.source.pypi import pip_download_sdist
+from mlstack_ds.source.url import ProgressCallback, download, filename_from_url
+
+SourceKind = Literal["git", "pypi", "url", "path"]
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where to get the source. `git_url`/`git_commit` override the recipe for a mirror (git only);
+    `sha256` overrides the pinned sdist hash for a different archive of the same release."""
+
+    kind: SourceKind
+    location: str | None = None
+    git_url: str | None = None
+    git_commit: str | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    """A fetched tree: a git work tree at `commit` on branch `mlstack-ds`, clean.
+
+    `from_cache`: the pinned content was already in the cache, so `origin` was not contacted (entries
+    are keyed by sha256 / commit, so the content is the same whichever URL or mirror is named).
+    """
+
+    path: Path
+    commit: str
+    kind: SourceKind
+    origin: str
+    sha256: str | None
+    from_cache: bool = False
+
+
+def parse_source_spec(source: str = "git", *, git_url: str | None = None, git_commit: str | None = None,
+                      sha256: str | None = None) -> SourceSpec:
+    """Interpret `--source` (git | pypi | http(s) URL | path) and its companion options."""
+    if source in ("git", "pypi"):
+        kind: SourceKind = source  # type: ignore[assignment]
+        location = None
+    elif source.startswith(("http://", "https://")):
+        kind, location = "url", source
+    elif source.startswith("file://"):
+        kind, location = "path", source.removeprefix("file://")
+    elif "://" in source:
+        raise UsageError(f"--source {source}: unsupported URL scheme",
+                         hint="use http(s)://, file:// or a path")
+    else:
+        kind, location = "path", source
+    if kind != "git" and (git_url or git_commit):
+        raise UsageError("--git-url/--git-commit only apply to --source git",
+                         hint="drop them or use --source git")
+    if kind in ("git", "pypi") and sha256:
+        raise UsageError(f"--sha256 does not apply to --source {kind}",
+                         hint="pypi is checked against the pinned sha256; git against the pinned commit")
+    if sha256 is not None and not _SHA256.match(sha256.lower()):
+        raise UsageError(f"--sha256 {sha256!r} is not 64 hex characters", hint="pass the full sha256 digest")
+    if git_commit is not None and not _COMMIT.match(git_commit.lower()):
+        raise UsageError(f"--git-commit {git_commit!r} is not a full 40-character commit id",
+                         hint="pass the full commit id (git rev-parse TAG^{commit})")
+    return SourceSpec(kind=kind, location=location, git_url=git_url,
+                      git_commit=git_commit.lower() if git_commit else None,
+                      sha256=sha256.lower() if sha256 else None)
+
+
+def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest: Path,
+                 progress: ProgressCallback | None = None) -> SourceTree:
+    """Fetch `recipe`'s release from `spec` into `dest` (must not exist, or be empty)."""
+    dest = Path(os.path.abspath(dest))
+    _check_dest(dest)
+    cache = Cache.open(cache_dir)
+    sha256: str | None = None
+    if spec.kind == "git":
+        url = spec.git_url or recipe.git.url
+        commit = spec.git_commit or recipe.git.commit
+        from_cache = repo_head(git_cache_entry(cache, url, recipe.git.tag, commit)) == commit
+        repo = clone_pinned_tag(cache, url, recipe.git.tag, commit)
+        origin = f"{url}@{recipe.git.tag}"
+    elif spec.kind == "pypi":
+        sha256 = recipe.sdist.sha256
+        from_cache = repo_head(_archive_entry(cache, sha256)) is not None
+        def from_index(into: Path) -> Path:
+            return pip_download_sdist(recipe.package, recipe.requirement, into)
+
+        repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: _cached_download(
+            cache, sha256, recipe.sdist.filename, from_index))
+        origin = f"pypi:{recipe.requirement}"
+    elif spec.kind == "url":
+        assert spec.location is not None
+        url = spec.location
+        sha256 = spec.sha256 or recipe.sdist.sha256
+        from_cache = repo_head(_archive_entry(cache, sha256)) is not None
+        repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: _cached_download(
+            cache, sha256, filename_from_url(url), lambda into: download(url, into, progress)))
+        origin = url
+    else:
+        assert spec.location is not None
+        return _fetch_local(recipe, spec, cache, Path(spec.location).expanduser(), dest)
+    _materialize(repo, commit, dest)
+    return SourceTree(path=dest, commit=commit, kind=spec.kind, origin=origin, sha256=sha256,
+                      from_cache=from_cache)
+
+
+def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, path: Path, dest: Path) -> SourceTree:
+    path = Path(os.path.abspath(path))
+    if path.is_file():
+        if not is_archive_name(path.name):
+            raise FetchError(f"{path} is neither a directory nor a source archive",
+                             hint="pass a DeepSpeed checkout, an extracted sdist, or a .tar.gz/.zip")
+        sha256 = spec.sha256 or recipe.sdist.sha256
+        _check_sha256(path, sha256)
+        repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: path)
+        _materialize(repo, commit, dest)
+        return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=sha256)
+    if not path.is_dir():
+        raise FetchError(f"{path} does not exist", hint="check the path given to --source")
+    if spec.sha256:
+        raise UsageError("--sha256 applies to archives, not directories", hint="drop --sha256")
+    if is_git_worktree(path):
+        commit = recipe.git.commit
+        if not has_commit(path, commit):
+            raise FetchError(f"{path} is a git checkout without the pinned commit {commit}",
+                             hint=f"run `git fetch origin tag {recipe.git.tag}` there, "
+                             "or pass an extracted sdist")
+        _materialize(path, commit, dest)
+        return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=None)
+    check_deepspeed_tree(path, recipe, str(path))
+    with cache.staging_dir("import") as staging:
+        tree = staging / "tree"
+        copy_plain_tree(path, tree)
+        commit = import_tree(tree, _import_message(recipe), FetchError)
+        _materialize(tree, commit, dest)
+    return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=None)
+
+
+def _import_message(recipe: Recipe) -> str:
+    # Content-independent of where it came from: equal content => equal commit id.
+    return f"Import {recipe.package} {recipe.version} source\n\nMade by mlstack-ds from a non-git source.\n"
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    found = sha256_of(path)
+    if found != expected:
+        raise FetchError(
+            f"sha256 mismatch for {path.name}: expected {expected}, got {found}",
+            hint="this is not the pinned release (or it was altered); "
+            "use --sha256 only for an archive you trust",
+        )
+
+
+def _cached_download(cache: Cache, sha256: str, filename: str, fetch: Callable[[Path], Path]) -> Path:
+    """The archive with `sha256`, from the cache or fetched into a staging dir, checked, then published."""
+    final = cache.download_path(sha256, filename)
+    if final.is_file() and sha256_of(final) == sha256:
+        return final
+    with cache.staging_dir("download") as staging:
+        got = fetch(staging)
+        _check_sha256(got, sha256)
+        return publish(got, final)
+
+
+def _repo_from_archive(cache: Cache, sha256: str, recipe: Recipe,
+                       get_archive: Callable[[], Path]) -> tuple[Path, str]:
+    """The cached one-commit repo made from the archive with `sha256` (extracted safely, version checked).
+
+    The archive is only fetched (`get_archive`) on a cache miss: a repeated fetch needs no network.
+    """
+    entry = _archive_entry(cache, sha256)
+    commit = repo_head(entry)
+    if commit is not None:
+        return entry, commit
+    archive = get_archive()
+    with cache.staging_dir("extract") as staging:
+        root = extract_archive(archive, staging / "x")
+        check_deepspeed_tree(root, recipe, archive.name)
+        commit = import_tree(root, _import_message(recipe), FetchError)
+        if entry.exists():  # an invalid leftover entry (e.g. damaged by hand)
+            shutil.rmtree(entry)
+        publish(root, entry)
+    return entry, commit
+
+
+def _archive_entry(cache: Cache, sha256: str) -> Path:
+    return cache.repo_path(f"archive-{sha256[:32]}")
+
+
+def _check_dest(dest: Path) -> None:
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UsageError(f"destination {dest} already exists and is not empty",
+                         hint="remove it or choose another --dest")
+
+
+def _materialize(repo: Path, commit: str, dest: Path) -> None:
+    """Clone `repo` at `commit` into `dest` on branch `mlstack-ds`; `dest` appears only when complete."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    except OSError as exc:
+        raise FetchError(f"cannot create {dest}: {exc.strerror or exc}",
+                         hint="choose a writable --dest") from exc
+    try:
+        tree = staging / "tree"
+        git(["clone", "-q", "--no-checkout", str(repo), str(tree)], cwd=staging, error=FetchError,
+            what=f"cloning {repo} into the destination")
+        steps = (
+            (["checkout", "-q", "-B", WORK_BRANCH, commit], "checkout of the pinned commit"),
+            (["update-ref", PRISTINE_REF, commit], "recording the pristine commit"),
+            (["remote", "remove", "origin"], "detaching from the cache"),
+        )
+        for args, what in steps:
+            git(args, cwd=tree, error=FetchError, what=what)
+        dirty = git(["status", "--porcelain", "--ignored"], cwd=tree, error=FetchError, what="git status")
+        if dirty.stdout.strip():
+            raise FetchError(f"fetched tree is not clean: {dirty.stdout.splitlines()[0]}",
+                             hint="report this; the cache may be damaged (remove it and retry)")
+        if dest.exists():
+            dest.rmdir()
+        os.rename(tree, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

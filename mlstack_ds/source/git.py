@@ -1,0 +1,76 @@
+"""The `git` source: a shallow clone of the pinned tag, refused unless it is the pinned commit.
+
+Why check the commit: tags can be moved or re-pushed (or a mirror can be stale); the commit id is the
+pin. A local path or `file://` mirror is accepted for air-gapped sites; plain paths are turned into
+`file://` URLs because git ignores `--depth` for plain local paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlstack_ds.errors import FetchError, ToolMissing
+from mlstack_ds.source.cache import Cache, publish, short_key
+from mlstack_ds.source.gitrepo import git, git_env
+
+
+def normalize_git_url(url: str) -> str:
+    """`/srv/mirror/DeepSpeed.git` -> `file:///srv/mirror/DeepSpeed.git`; URLs pass through."""
+    if "://" in url or url.startswith("git@"):
+        return url
+    path = Path(url).expanduser()
+    if not path.exists():
+        raise FetchError(f"git mirror {url} does not exist",
+                         hint="pass an existing path or a URL to --git-url")
+    return path.resolve().as_uri()
+
+
+def git_cache_entry(cache: Cache, url: str, tag: str, commit: str) -> Path:
+    return cache.repo_path(f"git-{short_key(normalize_git_url(url))}-{tag}-{commit[:12]}")
+
+
+def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str) -> Path:
+    """Return a cached clone whose HEAD is `commit`, cloning `tag` from `url` on a miss."""
+    entry = git_cache_entry(cache, url, tag, commit)
+    url = normalize_git_url(url)
+    if repo_head(entry) == commit:
+        return entry
+    try:
+        # Imported here: gitpython refuses to import without a git executable, and commands that
+        # never clone (detect, doctor) must keep working on such machines.
+        import git as gitpython  # noqa: PLC0415
+    except ImportError as exc:
+        raise ToolMissing("git: not found", hint="install git (e.g. apt-get install git), or use --source pypi"
+                          ) from exc
+    with cache.staging_dir("clone") as staging:
+        clone = staging / "repo"
+        try:
+            # User git config is kept for the network step (proxies, insteadOf mirrors).
+            env = git_env(isolated=False)
+            repo = gitpython.Repo.clone_from(
+                url, clone, depth=1, branch=tag, env=env,
+                multi_options=["--no-tags"],
+            )
+        except gitpython.GitCommandError as exc:
+            stderr = (exc.stderr or "").strip().replace("\n", " | ")
+            raise FetchError(
+                f"git clone of {tag} from {url} failed: {stderr[-300:]}",
+                hint="check the URL and your network, or use --source pypi / a tarball URL / a local path",
+            ) from exc
+        found = repo.head.commit.hexsha
+        repo.close()
+        if found != commit:
+            raise FetchError(
+                f"tag moved: {tag} at {url} is commit {found}, but the pin is {commit}",
+                hint="the tag was re-pointed or the mirror is wrong; refusing to build unpinned code",
+            )
+        return publish(clone, entry)
+
+
+def repo_head(repo_dir: Path) -> str | None:
+    """The commit checked out in the repository at `repo_dir`, or None when it is not a usable repo."""
+    if not (repo_dir / ".git").exists():  # never fall through to an enclosing repository
+        return None
+    result = git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo_dir, error=FetchError,
+                 what="git rev-parse", check=False)
+    return result.stdout.strip() if result.ok else None
