@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlstack_ds import gfx
@@ -42,9 +43,12 @@ def detect(
     hsa_override = environ.get("HSA_OVERRIDE_GFX_VERSION") or None
     ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ), timeout=tool_timeout)
 
-    amd = probes.amd_gpus(ctx, hsa_override)
-    nvidia = probes.nvidia_gpus(ctx)
-    probe = probe_python(target_python, environ)
+    # The torch probe (seconds: it imports torch) runs while the ROCm tools are asked, not after them.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending_probe = pool.submit(probe_python, target_python, environ)
+        amd = probes.amd_gpus(ctx, hsa_override)
+        nvidia = probes.nvidia_gpus(ctx)
+        probe = pending_probe.result()
     rocm = probes.rocm_version(ctx, probe.torch.hip if probe.torch else None)
 
     gpus = amd + [GpuAgent(**{**g.__dict__, "index": len(amd) + g.index}) for g in nvidia] if nvidia else amd

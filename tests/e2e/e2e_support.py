@@ -1,0 +1,58 @@
+"""Helpers shared by the end-to-end tests (imported by tests/e2e/conftest.py and the tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TORCH_PIN = "torch==2.13.0"
+
+
+@dataclass(frozen=True)
+class Target:
+    venv: Path
+    cache: Path
+
+    @property
+    def python(self) -> str:
+        return str(self.venv / "bin" / "python")
+
+    def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "COLUMNS": "200", **(env or {})},
+        )
+
+    def install(self, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+        return self.cli("install", "--python", self.python, "--cache-dir", str(self.cache), *args, **kwargs)
+
+    def status(self) -> dict:
+        result = self.cli("status", "--python", self.python, "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+
+def make_torch_venv(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", TORCH_PIN], check=True)
+    return path
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """PIDs whose command line contains `marker` (to prove nothing was left running)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(entry.name))
+    return found

@@ -1,0 +1,165 @@
+"""`mlstack-ds install` for real on this CPU machine: cold build, no-op, warm reinstall, interrupts."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e_support import Target, processes_mentioning
+
+pytestmark = pytest.mark.slow
+
+PLANNED_OPS = {"cpu_adam", "fused_adam", "deepspeed_shm_comm"}
+
+# Loads each prebuilt op the way DeepSpeed does at first use (builder.load()), with JIT made impossible:
+# a missing prebuilt op would try to compile into TORCH_EXTENSIONS_DIR, which is a file here.
+FIRST_USE = """
+import json, sys, time
+from deepspeed.ops.op_builder.all_ops import ALL_OPS
+times = {}
+for name in sys.argv[1:]:
+    started = time.monotonic()
+    ALL_OPS[name].load()
+    times[name] = time.monotonic() - started
+print(json.dumps(times))
+"""
+
+
+def test_cold_install_prebuilds_exactly_the_planned_ops(installed_target: Target, tmp_path: Path) -> None:
+    status = installed_target.status()
+    assert status["intact"] is True
+    receipt = status["receipt"]
+    assert set(receipt["ops"]) == PLANNED_OPS == set(status["installed"]["prebuilt_ops"])
+    assert receipt["platform"] == "cpu" and receipt["deepspeed_version"] == "0.19.5"
+    assert receipt["torch_version"] == "2.13.0+cpu" and receipt["previous"]["deepspeed_version"] is None
+    assert Path(receipt["wheel"]).is_file() and len(receipt["wheel_sha256"]) == 64
+    blocker = tmp_path / "no-jit"
+    blocker.write_text("JIT would have to create a directory here")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(blocker)}
+    loaded = subprocess.run([installed_target.python, "-c", FIRST_USE, *sorted(PLANNED_OPS)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert set(json.loads(loaded.stdout.strip().splitlines()[-1])) == PLANNED_OPS
+
+
+def test_second_install_is_a_no_op(installed_target: Target) -> None:
+    result = installed_target.install("--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["action"] == "up-to-date"
+
+
+def test_force_reinstalls_from_the_warm_cache(installed_target: Target) -> None:
+    logs_before = set((installed_target.cache / "logs").glob("*.log"))
+    result = installed_target.install("--force")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "reusing cached wheel" in result.stderr
+    assert set((installed_target.cache / "logs").glob("*.log")) == logs_before  # nothing was compiled
+    assert installed_target.status()["intact"] is True
+
+
+def test_dry_run_json_changes_nothing(installed_target: Target) -> None:
+    before = installed_target.status()
+    result = installed_target.install("--dry-run", "--json")
+    assert result.returncode == 0
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["env"]["DS_ACCELERATOR"] == "cpu" and plan["env"]["DS_BUILD_OPS"] == "0"
+    assert set(plan["built_ops"]) == PLANNED_OPS
+    assert installed_target.status() == before
+
+
+def test_killed_build_leaves_the_old_install_working(installed_target: Target) -> None:
+    before = installed_target.status()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlstack_ds", "install", "--python", installed_target.python,
+         "--cache-dir", str(installed_target.cache), "--rebuild"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    logs = installed_target.cache / "logs"
+    known = set(logs.glob("*.log"))
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # wait until the compiler is really running
+        new = set(logs.glob("*.log")) - known
+        if new and "building '" in next(iter(new)).read_text(errors="replace"):
+            break
+        time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("the build never started compiling")
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output[-2000:]
+    assert "interrupted" in output
+    time.sleep(1)
+    assert processes_mentioning(str(installed_target.cache / "tmp")) == []  # no compiler left behind
+    assert not list((installed_target.cache / "tmp").iterdir())  # staging removed
+    assert installed_target.status() == before
+    imported = subprocess.run([installed_target.python, "-c", "import deepspeed; print(deepspeed.__version__)"],
+                              capture_output=True, text=True, timeout=300)
+    assert imported.stdout.strip() == "0.19.5", imported.stderr[-2000:]
+
+
+def test_disk_full_build_fails_cleanly(installed_target: Target, tmp_path: Path) -> None:
+    """RLIMIT_FSIZE (8 MiB) makes every write past 8 MiB fail, as on a full disk: the op libraries are
+    ~16 MiB, so the build fails at link time. The error is one line with the log path; nothing changes."""
+    before = installed_target.status()
+    cache = tmp_path / "cache"
+    limit = 8 * 2**20
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "mlstack_ds", "install", "--python", installed_target.python, "--cache-dir",
+         str(cache), "--rebuild"], capture_output=True, text=True, timeout=3600, preexec_fn=limit_file_size,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 6, result.stderr[-2000:]
+    assert "error: building DeepSpeed failed" in result.stderr and "full log:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert installed_target.status() == before
+
+
+def test_rollback_then_reinstall_from_cache(installed_target: Target) -> None:
+    result = installed_target.cli("rollback", "--python", installed_target.python)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "there was none before" in result.stdout
+    assert installed_target.status()["receipt"] is None
+    gone = subprocess.run([installed_target.python, "-c", "import deepspeed"], capture_output=True, timeout=300)
+    assert gone.returncode != 0
+    again = installed_target.install("--json")  # the wheel cache makes this a reinstall, not a build
+    assert again.returncode == 0 and json.loads(again.stdout)["action"] == "installed"
+    assert installed_target.status()["intact"] is True
+
+
+def test_bad_inputs_fail_with_one_line_and_code(installed_target: Target, tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    cases = [
+        (["--arch", "gfx9999"], 2, "unknown GPU target"),
+        (["--jobs", "0"], 2, "--jobs 0"),
+        (["--cache-dir", str(not_a_dir / "cache")], 4, "not writable"),
+    ]
+    for args, code, message in cases:
+        result = installed_target.cli("install", "--python", installed_target.python, *args)
+        assert result.returncode == code, (args, result.stderr[-1000:])
+        assert message in result.stderr and "Traceback" not in result.stderr
+    no_compiler = installed_target.cli("install", "--python", installed_target.python, "--dry-run",
+                                       env={"PATH": str(tmp_path), "CXX": ""})
+    assert no_compiler.returncode == 3 and "no C++ compiler" in no_compiler.stderr
+
+
+def test_torch_missing_is_refused_with_the_fix(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "install", "--python", str(bare / "bin" / "python"),
+                             "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3
+    assert "PyTorch is not installed" in result.stderr and "--with-torch cpu" in result.stderr
+
