@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One-line installer: create or reuse a venv, install mlstack-ds into it, and run it.
+# One-line installer: create or reuse a venv, install mlstack-ds into it, and run
+# `mlstack-ds install` there: patched DeepSpeed with ops prebuilt for this machine's GPUs.
 #
 #   scripts/install_deepspeed.sh [--venv DIR] [--with-torch cpu] [--] [mlstack-ds install options...]
+#   e.g. scripts/install_deepspeed.sh --arch gfx1100      scripts/install_deepspeed.sh -- --dry-run
 #
 # --venv DIR        the environment that gets DeepSpeed (default: .venv next to this repo). It is
 #                   created with --system-site-packages so a system-wide ROCm PyTorch stays visible.
@@ -58,10 +60,5 @@ if [[ $with_torch == cpu ]]; then
   fi
 fi
 
-if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-  echo "note: PyTorch is not installed in $venv; DeepSpeed needs it." >&2
-  echo "      ROCm: pip install torch --index-url https://download.pytorch.org/whl/rocmX.Y (your ROCm version)" >&2
-  echo "      CPU only: re-run with --with-torch cpu" >&2
-fi
-
-exec "$venv/bin/mlstack-ds" detect "${passthrough[@]}"
+# Without torch, `install` stops with the exact PyTorch index for the detected ROCm (exit 3).
+exec "$venv/bin/mlstack-ds" install --python "$venv/bin/python" "${passthrough[@]}"

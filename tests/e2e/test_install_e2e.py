@@ -163,3 +163,20 @@ def test_torch_missing_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert "PyTorch is not installed" in result.stderr and "--with-torch cpu" in result.stderr
 
+
+
+def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tmp_path: Path) -> None:
+    """The README's main command on a machine without torch; the shared wheel cache spares a rebuild."""
+    venv = tmp_path / "venv"
+    result = subprocess.run(
+        ["bash", str(Path(__file__).resolve().parents[2] / "scripts" / "install_deepspeed.sh"), "--venv", str(venv),
+         "--with-torch", "cpu", "--", "--cache-dir", str(installed_target.cache), "--json"],
+        capture_output=True, text=True, timeout=3600, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert document["action"] == "installed" and document["receipt"]["torch_version"] == "2.13.0+cpu"
+    assert "reusing cached wheel" in result.stderr
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import deepspeed; print(deepspeed.__version__)"],
+                           capture_output=True, text=True, timeout=300)
+    assert check.stdout.strip() == "0.19.5", check.stderr[-2000:]
