@@ -23,12 +23,12 @@ from mlstack_ds import gfx
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
 from mlstack_ds.errors import ToolError
+from mlstack_ds.receipt import receipt_path
 from mlstack_ds.runner import run, which
 
 MARKER = "MLSTACK_FACTS_JSON:"
 FACTS_TIMEOUT_S = 60.0
 COMPILERS = ("c++", "g++", "clang++")
-RECEIPT_RELATIVE = Path("share") / "mlstack-ds" / "receipt.json"
 
 # Runs in the target interpreter: no torch, no deepspeed import (fast, and safe when they are broken).
 FACTS_SCRIPT = r"""
@@ -132,7 +132,7 @@ def collect_facts(
             Path(env.deepspeed.location) / "deepspeed" / "git_version_info_installed.py", warnings
         )
     rocm_home = _rocm_home(environ, rocm_root, tools["hipcc"])
-    receipt = Path(target.prefix) / RECEIPT_RELATIVE if target.prefix else None
+    receipt = receipt_path(target.prefix) if target.prefix else None
     return SystemFacts(
         root=str(root),
         kfd_exists=kfd.exists(),
