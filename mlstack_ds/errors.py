@@ -76,3 +76,9 @@ class ToolMissing(ToolError):
 
 class ToolTimedOut(ToolError):
     pass
+
+
+class Interrupted(MlstackError):
+    """Ctrl-C or SIGTERM: reported like any other stop, with what state things were left in."""
+
+    exit_code = ExitCode.INTERRUPTED

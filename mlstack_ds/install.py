@@ -23,7 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from mlstack_ds import __version__
 from mlstack_ds.build import BuiltWheel
-from mlstack_ds.errors import InstallError, ToolError
+from mlstack_ds.errors import InstallError, Interrupted, ToolError
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import PreviousInstall, Receipt, read_receipt, remove_receipt, write_receipt
 from mlstack_ds.runner import run
@@ -106,10 +106,11 @@ def wheel_requirements(wheel: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
+def signals_deferred(done: str = "the change was completed") -> Iterator[None]:
     """Hold Ctrl-C/SIGTERM during the few seconds pip swaps packages; act on them right after.
 
-    An interrupt between pip's uninstall and install would leave no DeepSpeed at all.
+    An interrupt between pip's uninstall and install would leave no DeepSpeed at all, and one
+    between the install and the receipt would leave a receipt that lies.
     """
     received: list[int] = []
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -121,7 +122,8 @@ def signals_deferred() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
-        raise KeyboardInterrupt
+        raise Interrupted(f"interrupted, after the step that was running finished: {done}",
+                          hint="the environment is consistent; `mlstack-ds status` shows it")
 
 
 def _pip(python: str, *args: str, what: str) -> None:
@@ -153,9 +155,18 @@ def install_wheel(
             _pip(python, "install", "--quiet", "--constraint", str(constraints), *requirements,
                  what="installing DeepSpeed's requirements")
     status(f"installing {built.wheel.name}")
-    with signals_deferred():
+    with signals_deferred(f"DeepSpeed {plan.deepspeed_version} was installed and its receipt written"):
         _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", str(built.wheel),
              what="installing the DeepSpeed wheel")
+        receipt = _checked_receipt(plan, built, before, old_receipt)
+        write_receipt(prefix, receipt)
+    return receipt
+
+
+def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState, old_receipt: Receipt | None
+                     ) -> Receipt:
+    """Check what pip installed (torch untouched, the planned ops) and describe it."""
+    python = plan.target_python
     after = probe_installed(python)
     if after.torch_version != before.torch_version:
         raise InstallError(f"torch changed from {before.torch_version} to {after.torch_version} during install",
@@ -176,7 +187,6 @@ def install_wheel(
         installed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         previous=_previous(before, old_receipt, plan.cache_key), tool_version=__version__,
     )
-    write_receipt(prefix, receipt)
     return receipt
 
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from mlstack_ds.build import BuildProgress
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.errors import Interrupted
 from mlstack_ds.install import probe_installed, rollback, uninstall
 from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_install
 from mlstack_ds.plan import BuildPlan
@@ -34,6 +35,11 @@ def sigterm_as_interrupt() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except KeyboardInterrupt as exc:
+        raise Interrupted(
+            "interrupted: the build was stopped before anything was installed",
+            hint="the environment is as it was; run the same install again to resume (downloads are cached)",
+        ) from exc
     finally:
         signal.signal(signal.SIGTERM, previous)
 

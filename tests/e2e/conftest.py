@@ -7,6 +7,7 @@ and shared by the install and verify tests; its wheel cache makes later reinstal
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ from e2e_support import Target, make_torch_venv
 
 @pytest.fixture(scope="session")
 def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("mlstack-cache")
+    """mlstack-ds's cache for the session. MLSTACK_E2E_CACHE reuses one between local runs (a warm
+    wheel cache turns the cold build into a reinstall); CI leaves it unset and builds for real."""
+    reused = os.environ.get("MLSTACK_E2E_CACHE")
+    return Path(reused) if reused else tmp_path_factory.mktemp("mlstack-cache")
 
 
 @pytest.fixture(scope="session")
