@@ -22,6 +22,7 @@ from mlstack_ds.recipe import Recipe
 from mlstack_ds.runner import run_streaming
 from mlstack_ds.source.cache import Cache, publish, sha256_of
 from mlstack_ds.source.fetch import SourceSpec, fetch_source
+from mlstack_ds.source.gitrepo import rev_parse
 
 _EXTENSION_RE = re.compile(r"building '([\w.]+)' extension")
 _NINJA_STEP_RE = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -93,7 +94,8 @@ def build_wheel(
     with cache.staging_dir("build") as staging:
         status(f"fetching DeepSpeed {recipe.version} ({spec.kind})")
         tree = fetch_source(recipe, spec, cache.root, staging / "src")
-        tree_hash, commit = tree.commit, tree.commit
+        commit = tree.commit
+        tree_hash = rev_parse(tree.path, f"{commit}^{{tree}}", BuildError)
         if plan.patches:
             status(f"applying {len(plan.patches)} patches")
             applied = apply_series(tree.path, series_for_recipe(recipe))

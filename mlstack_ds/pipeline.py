@@ -122,11 +122,11 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
     if not prefix:
         raise EnvironmentProblem(f"cannot tell the environment prefix of {plan.target_python}",
                                  hint="check that --python runs")
+    cache = Cache.open(request.cache_dir)  # a bad --cache-dir is an error even when nothing needs building
     receipt = read_receipt(prefix)
     if not (request.force or request.rebuild) and healthy(plan, receipt, probe_installed(plan.target_python)):
         assert receipt is not None
         return InstallOutcome(plan, "up-to-date", receipt, None)
-    cache = Cache.open(request.cache_dir)
     built = build_wheel(plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
                         progress=progress, status=output.status)
     output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")

@@ -102,7 +102,7 @@ def test_killed_build_leaves_the_old_install_working(installed_target: Target) -
     assert installed_target.status() == before
     imported = subprocess.run([installed_target.python, "-c", "import deepspeed; print(deepspeed.__version__)"],
                               capture_output=True, text=True, timeout=300)
-    assert imported.stdout.strip() == "0.19.5", imported.stderr[-2000:]
+    assert imported.stdout.strip().splitlines()[-1] == "0.19.5", imported.stderr[-2000:]
 
 
 def test_disk_full_build_fails_cleanly(installed_target: Target, tmp_path: Path) -> None:
@@ -179,4 +179,4 @@ def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tm
     assert "reusing cached wheel" in result.stderr
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import deepspeed; print(deepspeed.__version__)"],
                            capture_output=True, text=True, timeout=300)
-    assert check.stdout.strip() == "0.19.5", check.stderr[-2000:]
+    assert check.stdout.strip().splitlines()[-1] == "0.19.5", check.stderr[-2000:]
