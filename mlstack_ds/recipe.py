@@ -87,7 +87,7 @@ def load_recipe(path: Path) -> Recipe:
 def find_recipe(name_or_path: str | Path = DEFAULT_RECIPE) -> Recipe:
     """A shipped recipe by name (`deepspeed-0.19.5`), or a recipe file by path."""
     candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.exists():
+    if candidate.suffix == ".toml" or candidate.is_file():
         return load_recipe(candidate)
     shipped = recipes_dir() / f"{name_or_path}.toml"
     if not shipped.is_file():

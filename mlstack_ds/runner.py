@@ -13,7 +13,8 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,48 @@ def run(
         _kill_group(proc)
         raise
     return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def run_streaming(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    log_path: Path,
+    on_line: Callable[[str], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> RunResult:
+    """Run a long job (a build): stdout+stderr go line by line to `log_path` and to `on_line`.
+
+    On KeyboardInterrupt (Ctrl-C, or SIGTERM turned into it by the caller) the whole process group is
+    killed before the exception propagates, so no compiler keeps running behind the user's back.
+    The result's stdout is the last 200 lines of output; the full text is in the log.
+    """
+    args = tuple(os.fspath(a) for a in argv)
+    started = time.monotonic()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: deque[str] = deque(maxlen=200)
+    with log_path.open("w", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(args)}\n")
+        try:
+            proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None, cwd=cwd, text=True, errors="replace",
+                start_new_session=True, bufsize=1,
+            )
+        except FileNotFoundError as exc:
+            raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                tail.append(line.rstrip("\n"))
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            proc.wait()
+        except BaseException:
+            _kill_group(proc)
+            raise
+    return RunResult(args, proc.returncode, "\n".join(tail), "", time.monotonic() - started)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

@@ -82,6 +82,8 @@ class TorchInfo:
 class PythonInfo:
     executable: str
     version: str
+    prefix: str | None = None  # sys.prefix: where the receipt of an install into this env lives
+    include_dir: str | None = None  # where Python.h must be for ops to compile
 
 
 @dataclass(frozen=True)

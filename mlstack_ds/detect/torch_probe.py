@@ -18,8 +18,9 @@ MARKER = "MLSTACK_PROBE_JSON:"
 PROBE_TIMEOUT_S = 120.0
 
 PROBE_SCRIPT = r"""
-import json, platform, sys
-out = {"python": {"executable": sys.executable, "version": platform.python_version()},
+import json, platform, sys, sysconfig
+out = {"python": {"executable": sys.executable, "version": platform.python_version(), "prefix": sys.prefix,
+                  "include_dir": sysconfig.get_paths().get("include")},
        "torch": None, "torch_error": None, "deepspeed": None}
 try:
     from importlib import metadata
@@ -71,7 +72,8 @@ def parse_probe_output(stdout: str, python: Path) -> ProbeResult:
     try:
         data = json.loads(line[len(MARKER):])
         py = data["python"]
-        python_info = PythonInfo(executable=str(py["executable"]), version=str(py["version"]))
+        python_info = PythonInfo(executable=str(py["executable"]), version=str(py["version"]),
+                                 prefix=py.get("prefix"), include_dir=py.get("include_dir"))
         torch_data = data.get("torch")
         torch_info = None
         if torch_data:

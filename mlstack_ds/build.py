@@ -1,0 +1,127 @@
+"""Build stage: fetch + patch the pinned source, then `pip wheel` it into a content-addressed cache.
+
+Why a wheel cache keyed by the plan: the same plan (source pin, patches, targets, flags, torch)
+always gives the same wheel, so a second install — or a rollback — needs no compiler at all.
+Nothing here touches the target environment; a failed or interrupted build changes nothing there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlstack_ds.errors import BuildError
+from mlstack_ds.patches import apply_series, series_for_recipe
+from mlstack_ds.plan import BuildPlan, plan_env
+from mlstack_ds.recipe import Recipe
+from mlstack_ds.runner import run_streaming
+from mlstack_ds.source.cache import Cache, publish, sha256_of
+from mlstack_ds.source.fetch import SourceSpec, fetch_source
+
+_EXTENSION_RE = re.compile(r"building '([\w.]+)' extension")
+_NINJA_STEP_RE = re.compile(r"^\[(\d+)/(\d+)\]")
+_ERROR_RE = re.compile(r"error|Error|ERROR|FAILED|fatal")
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    wheel: Path
+    sha256: str
+    source_commit: str
+    tree_hash: str
+    cached: bool
+    log: Path | None
+    seconds: float
+
+
+@dataclass
+class BuildProgress:
+    """What the build is doing now, from its output: the extension being compiled and ninja's step."""
+
+    op: str = "preparing"
+    step: str = ""
+    on_change: Callable[[BuildProgress], None] | None = None
+
+    def feed(self, line: str) -> None:
+        extension = _EXTENSION_RE.search(line)
+        step = _NINJA_STEP_RE.match(line)
+        if extension:
+            self.op, self.step = extension.group(1).rsplit(".", 1)[-1].removesuffix("_op"), ""
+        elif step:
+            self.step = f"{step.group(1)}/{step.group(2)}"
+        else:
+            return
+        if self.on_change:
+            self.on_change(self)
+
+
+def wheel_dir(cache: Cache, plan: BuildPlan) -> Path:
+    return cache.root / "wheels" / plan.cache_key
+
+
+def cached_wheel(cache: Cache, plan: BuildPlan) -> Path | None:
+    wheels = sorted(wheel_dir(cache, plan).glob("deepspeed-*.whl"))
+    return wheels[0] if wheels else None
+
+
+def build_wheel(
+    plan: BuildPlan,
+    recipe: Recipe,
+    spec: SourceSpec,
+    cache: Cache,
+    base_env: Mapping[str, str],
+    *,
+    force: bool = False,
+    progress: BuildProgress | None = None,
+    status: Callable[[str], None] = lambda _msg: None,
+) -> BuiltWheel:
+    """Return the plan's wheel from the cache, or fetch, patch and build it there."""
+    started = time.monotonic()
+    final_dir = wheel_dir(cache, plan)
+    hit = cached_wheel(cache, plan)
+    if hit and not force:
+        meta = json.loads((final_dir / "build.json").read_text())
+        return BuiltWheel(hit, sha256_of(hit), meta["source_commit"], meta["tree_hash"], True, None,
+                          time.monotonic() - started)
+    logs = cache.root / "logs"
+    log_path = logs / f"build-{plan.cache_key}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    with cache.staging_dir("build") as staging:
+        status(f"fetching DeepSpeed {recipe.version} ({spec.kind})")
+        tree = fetch_source(recipe, spec, cache.root, staging / "src")
+        tree_hash, commit = tree.commit, tree.commit
+        if plan.patches:
+            status(f"applying {len(plan.patches)} patches")
+            applied = apply_series(tree.path, series_for_recipe(recipe))
+            tree_hash, commit = applied.tree_hash, applied.head
+        status(f"building ops: {', '.join(plan.built_ops) or 'none'} (log: {log_path})")
+        out = staging / "wheel"
+        argv = [plan.target_python, *plan.pip_wheel_args, "-v", "-w", str(out), str(tree.path)]
+        result = run_streaming(argv, log_path=log_path, env=plan_env(plan, base_env), cwd=tree.path,
+                               on_line=progress.feed if progress else None)
+        if not result.ok:
+            raise BuildError(f"building DeepSpeed failed (exit {result.returncode}): {_first_error(result.stdout)}",
+                             hint=f"full log: {log_path}")
+        wheels = sorted(out.glob("deepspeed-*.whl"))
+        if len(wheels) != 1:
+            raise BuildError(f"pip wheel produced {len(wheels)} DeepSpeed wheels", hint=f"full log: {log_path}")
+        (out / "build.json").write_text(json.dumps(
+            {"source_commit": commit, "tree_hash": tree_hash, "plan": plan.to_dict(), "log": str(log_path)},
+            indent=2))
+        final_dir.parent.mkdir(parents=True, exist_ok=True)
+        if final_dir.exists():
+            shutil.rmtree(final_dir)
+        publish(out, final_dir)
+    wheel = final_dir / wheels[0].name
+    return BuiltWheel(wheel, sha256_of(wheel), commit, tree_hash, False, log_path, time.monotonic() - started)
+
+
+def _first_error(output: str) -> str:
+    """The most telling line of a failed build's output (the first compiler error, else the last line)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if _ERROR_RE.search(ln) and "warning" not in ln.lower()]
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:300]

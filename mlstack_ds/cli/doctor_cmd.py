@@ -1,0 +1,86 @@
+"""`mlstack-ds doctor`: detect + every rule; findings as a table, JSON, or a bug-report block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from mlstack_ds.console import Output, make_output
+from mlstack_ds.doctor import Diagnosis, diagnose
+from mlstack_ds.doctor.dsconfig import read_nvme_offload
+from mlstack_ds.doctor.report import render_markdown
+from mlstack_ds.errors import ExitCode, UsageError
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+PythonOption = Annotated[
+    str | None, typer.Option("--python", help="Target interpreter or venv (default: this one).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+LogOption = Annotated[
+    Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output.")
+]
+DsConfigOption = Annotated[
+    Path | None, typer.Option("--ds-config", help="DeepSpeed JSON config: rates libaio by NVMe offload.")
+]
+ReportOption = Annotated[bool, typer.Option("--report", help="Print a Markdown block for a bug report.")]
+SysRootOption = Annotated[
+    Path, typer.Option("--sys-root", hidden=True, help="Read /dev, /proc, /sys below this directory.")
+]
+
+
+def _read_log(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"--log {path}: {exc.strerror or exc}", hint="pass a readable log file") from exc
+
+
+def _render_table(diagnosis: Diagnosis, output: Output) -> None:
+    if not diagnosis.findings:
+        output.out.print("[green]No problems found.[/]")
+        return
+    table = Table(show_lines=True, title="mlstack-ds doctor")
+    for column in ("Severity", "Rule", "Problem", "Fix"):
+        table.add_column(column, overflow="fold")
+    for f in diagnosis.findings:
+        problem = f"[bold]{escape(f.title)}[/]\n{escape(f.evidence)}\n[dim]{escape(f.docs)}[/]"
+        if f.origin == "log":
+            problem = "[dim](from log)[/] " + problem
+        fix = "\n".join(escape(step) for step in f.fix)
+        table.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.rule_id, problem, fix)
+    output.out.print(table)
+    counts = {s: sum(f.severity == s for f in diagnosis.findings) for s in _STYLE}
+    output.status(", ".join(f"{n} {s}(s)" for s, n in counts.items()))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def doctor(
+        *,
+        python: PythonOption = None,
+        json_output: JsonOption = False,
+        log: LogOption = None,
+        report: ReportOption = False,
+        ds_config: DsConfigOption = None,
+        sys_root: SysRootOption = Path("/"),
+    ) -> None:
+        """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
+        if json_output and report:
+            raise UsageError("--json and --report both print to stdout", hint="choose one")
+        log_text = _read_log(log) if log is not None else None
+        nvme = read_nvme_offload(ds_config) if ds_config is not None else False
+        output = make_output(json_output)
+        diagnosis = diagnose(python=python, log_text=log_text, root=sys_root, nvme_offload=nvme)
+        if json_output:
+            output.emit_json(diagnosis.to_dict())
+        elif report:
+            output.out.print(render_markdown(diagnosis), markup=False, highlight=False, soft_wrap=True)
+        else:
+            _render_table(diagnosis, output)
+        if diagnosis.has_errors:
+            raise typer.Exit(int(ExitCode.ENVIRONMENT))

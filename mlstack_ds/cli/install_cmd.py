@@ -1,0 +1,179 @@
+"""`mlstack-ds install | status | rollback | uninstall`."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mlstack_ds.build import BuildProgress
+from mlstack_ds.console import Output, make_output
+from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.install import probe_installed, rollback, uninstall
+from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_install
+from mlstack_ds.plan import BuildPlan
+from mlstack_ds.receipt import read_receipt, receipt_path
+from mlstack_ds.runner import run
+
+PYTHON_HELP = "Interpreter (or venv directory) that gets DeepSpeed. Default: the one running mlstack-ds."
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a build like Ctrl-C does: the compiler's process group is killed, nothing installed."""
+
+    def handler(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("install")
+    def install_command(
+        deepspeed_version: str = typer.Option("0.19.5", "--deepspeed-version", help="Pinned release (a recipe)."),
+        source: str = typer.Option("pypi", "--source", help="git | pypi | http(s) URL of an sdist | local path."),
+        git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
+        git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
+        sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
+        arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. "
+                                        "Default: the detected discrete GPUs."),
+        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
+        jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
+                                              "(default $XDG_CACHE_HOME/mlstack-ds)."),
+        no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
+        no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check after installing."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
+        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        force: bool = typer.Option(False, "--force", help="Reinstall even if the same plan is installed and healthy."),
+        rebuild: bool = typer.Option(False, "--rebuild", help="Also rebuild the wheel instead of reusing the cache."),
+    ) -> None:
+        """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
+
+        Safe to re-run (an identical healthy install is left alone), to interrupt (the environment is
+        only changed once the wheel exists) and to get wrong (refusals say what to fix).
+        """
+        output = make_output(json_output)
+        request = InstallRequest(
+            deepspeed_version=deepspeed_version, source=source, git_url=git_url, git_commit=git_commit,
+            sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
+            verify=not no_verify, force=force, rebuild=rebuild,
+        )
+        prepared = prepare(request)
+        plan = prepared.plan
+        if dry_run:
+            if json_output:
+                output.emit_json({"action": "plan", "plan": plan.to_dict()})
+            else:
+                render_plan(plan, output)
+            return
+        if not json_output:
+            render_plan(plan, output)
+        with sigterm_as_interrupt(), _build_progress(output) as progress:
+            outcome = run_install(prepared, request, output, progress)
+        if json_output:
+            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict()})
+        elif outcome.action == "up-to-date":
+            output.out.print(f"DeepSpeed {plan.deepspeed_version} is already installed with this plan and healthy; "
+                             "nothing to do (--force reinstalls).")
+        else:
+            output.out.print(f"[green]installed[/] DeepSpeed {outcome.receipt.deepspeed_version} with prebuilt ops: "
+                             + ", ".join(plan.built_ops))
+
+    @app.command("status")
+    def status_command(
+        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
+        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    ) -> None:
+        """Show what mlstack-ds installed into an environment (the receipt) and whether it still holds."""
+        output = make_output(json_output)
+        interpreter = str(resolve_python(python))
+        state = probe_installed(interpreter)
+        prefix = _prefix_of(interpreter)
+        receipt = read_receipt(prefix)
+        intact = receipt is not None and state.deepspeed_version == receipt.deepspeed_version and set(
+            state.prebuilt_ops) == set(receipt.ops) and state.torch_version == receipt.torch_version
+        document = {"python": interpreter, "receipt_path": str(receipt_path(prefix)),
+                    "receipt": receipt.to_dict() if receipt else None, "installed": state.__dict__,
+                    "intact": intact}
+        if json_output:
+            output.emit_json(document)
+            return
+        if receipt is None:
+            output.out.print(f"no mlstack-ds install in {prefix}"
+                             + (f" (DeepSpeed {state.deepspeed_version} is installed by something else)"
+                                if state.deepspeed_version else ""))
+            return
+        table = Table.grid(padding=(0, 2))
+        for key in ("deepspeed_version", "source", "source_commit", "platform", "archs", "ops", "torch_version",
+                    "installed_at", "wheel"):
+            table.add_row(key, escape(str(getattr(receipt, key))))
+        table.add_row("patches", ", ".join(p["name"] for p in receipt.patches) or "none")
+        table.add_row("previous", str(receipt.previous.deepspeed_version or "none"))
+        table.add_row("state", "[green]intact[/]" if intact else "[red]changed since install[/]")
+        output.out.print(table)
+
+    @app.command("rollback")
+    def rollback_command(python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP)) -> None:
+        """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
+        output = make_output()
+        interpreter = str(resolve_python(python))
+        output.out.print(rollback(interpreter, _prefix_of(interpreter), status=output.status))
+
+    @app.command("uninstall")
+    def uninstall_command(python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP)) -> None:
+        """Remove the DeepSpeed that mlstack-ds installed (refuses one it did not install)."""
+        output = make_output()
+        interpreter = str(resolve_python(python))
+        output.out.print(uninstall(interpreter, _prefix_of(interpreter)))
+
+
+def _prefix_of(interpreter: str) -> str:
+    return run([interpreter, "-c", "import sys; print(sys.prefix)"], timeout=60).stdout.strip()
+
+
+def render_plan(plan: BuildPlan, output: Output) -> None:
+    head = Table.grid(padding=(0, 2))
+    head.add_row("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {plan.source_pin[:12]})")
+    head.add_row("patches", ", ".join(p.name for p in plan.patches) or "none")
+    head.add_row("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})")
+    if plan.archs:
+        head.add_row("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else ""))
+    head.add_row("python", f"{plan.target_python} (torch {plan.torch_version})")
+    head.add_row("cache key", plan.cache_key)
+    output.err.print(head)
+    ops = Table(title="ops", title_justify="left")
+    for column in ("op", "build", "why"):
+        ops.add_column(column)
+    for op in plan.ops:
+        ops.add_row(op.name, "[green]yes[/]" if op.build else "no", escape(op.reason))
+    output.err.print(ops)
+    for note in plan.notes:
+        output.warn(escape(note))
+
+
+@contextlib.contextmanager
+def _build_progress(output: Output) -> Iterator[BuildProgress]:
+    """A live line on stderr: the op being compiled, ninja's step, elapsed time."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=output.err,
+                  transient=True) as bar:
+        task = bar.add_task("building", total=None)
+
+        def update(state: BuildProgress) -> None:
+            bar.update(task, description=f"compiling {state.op} {state.step}".rstrip())
+
+        yield BuildProgress(on_change=update)
+
+
+__all__ = ["healthy", "register"]

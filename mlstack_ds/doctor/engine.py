@@ -1,0 +1,69 @@
+"""`doctor` = detect + facts + every rule (+ a log, when given)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlstack_ds.detect import detect
+from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.detect.model import Environment
+from mlstack_ds.doctor.facts import SystemFacts, collect_facts, probe_target_python
+from mlstack_ds.doctor.logs import match_log
+from mlstack_ds.doctor.model import DEFAULT_MIN_ROCM, DoctorInput, Finding, Rule, sort_findings
+from mlstack_ds.doctor.rules import RULES
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    env: Environment
+    facts: SystemFacts
+    findings: list[Finding]
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "environment": self.env.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+            "warnings": [*self.env.warnings, *self.facts.warnings],
+        }
+
+
+def run_rules(inp: DoctorInput, rules: Iterable[Rule] = RULES) -> list[Finding]:
+    """Every rule's finding for this machine, most severe first."""
+    findings = []
+    for rule in rules:
+        hit = rule.check(inp) if rule.check else None
+        if hit is not None:
+            findings.append(rule.finding(hit))
+    return sort_findings(findings)
+
+
+def diagnose(
+    *,
+    environ: Mapping[str, str] | None = None,
+    python: str | Path | None = None,
+    log_text: str | None = None,
+    root: Path = Path("/"),
+    min_rocm: str = DEFAULT_MIN_ROCM,
+    nvme_offload: bool = False,
+) -> Diagnosis:
+    environ = dict(os.environ if environ is None else environ)
+    target_python = resolve_python(python)
+    # The target interpreter's own facts are asked while detect waits on torch's slow import.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        target = pool.submit(probe_target_python, target_python, environ)
+        env = detect(environ=environ, python=target_python)
+        facts = collect_facts(env, environ=environ, root=root, target=target.result())
+    inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm, nvme_offload=nvme_offload)
+    findings = run_rules(inp)
+    if log_text is not None:
+        findings = sort_findings([*findings, *match_log(log_text, RULES)])
+    return Diagnosis(env=env, facts=facts, findings=findings)

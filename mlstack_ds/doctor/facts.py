@@ -1,0 +1,313 @@
+"""System facts the doctor needs beyond detect's `Environment`.
+
+Everything machine-wide is read below one `root` directory (default `/`): `dev/kfd`, `dev/shm`,
+`proc/cmdline`, `sys/class/iommu`, `sys/class/kfd/...`, `usr/include`. Tests point `root` at a
+temporary tree of fake files, so the real reading code runs. Facts about the *target* interpreter
+(its headers, its prefix, its pip packages) come from one small subprocess of that interpreter.
+Nothing here raises for what a machine lacks: unknowns are `None` and problems become warnings.
+"""
+
+from __future__ import annotations
+
+import ast
+import grp
+import json
+import os
+import re
+import resource
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlstack_ds import gfx
+from mlstack_ds.detect.model import Environment
+from mlstack_ds.detect.probes import find_rocm_root
+from mlstack_ds.errors import ToolError
+from mlstack_ds.runner import run, which
+
+MARKER = "MLSTACK_FACTS_JSON:"
+FACTS_TIMEOUT_S = 60.0
+COMPILERS = ("c++", "g++", "clang++")
+RECEIPT_RELATIVE = Path("share") / "mlstack-ds" / "receipt.json"
+
+# Runs in the target interpreter: no torch, no deepspeed import (fast, and safe when they are broken).
+FACTS_SCRIPT = r"""
+import json, sys, sysconfig
+from importlib import metadata
+names = set()
+for dist in metadata.distributions():
+    try:
+        names.add((dist.metadata["Name"] or "").lower())
+    except Exception:
+        pass
+print("MLSTACK_FACTS_JSON:" + json.dumps({
+    "include": sysconfig.get_paths().get("include"),
+    "prefix": sys.prefix,
+    "nvidia": sorted(n for n in names if n.startswith("nvidia-")),
+}))
+"""
+
+
+@dataclass(frozen=True)
+class DeepSpeedBuild:
+    """What `deepspeed/git_version_info_installed.py` (written by DeepSpeed's setup.py) records."""
+
+    path: str
+    version: str
+    installed_ops: Mapping[str, bool]
+    torch_version: str  # "2.3" or "0.0" when the wheel was built without torch
+    hip_version: str  # "6.0" or "0.0"
+    cuda_version: str
+    accelerator: str
+
+    @property
+    def prebuilt_ops(self) -> list[str]:
+        return sorted(name for name, on in self.installed_ops.items()
+                      if on and name != "deepspeed_not_implemented")
+
+
+@dataclass(frozen=True)
+class TargetPython:
+    include_dir: str | None
+    prefix: str | None
+    nvidia_packages: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SystemFacts:
+    root: str = "/"
+    kfd_exists: bool = False
+    kfd_accessible: bool = False
+    kfd_group: str | None = None
+    user_groups: tuple[str, ...] = ()
+    is_root: bool = False
+    shm_bytes: int | None = None
+    memlock_soft_bytes: int | None = None  # None: unlimited (or unknown)
+    tools: Mapping[str, str | None] = field(default_factory=dict)  # c++/g++/clang++/ninja/hipcc
+    rocm_home: str | None = None
+    rocm_info_version_file: bool = False  # <rocm_home>/.info/version, DeepSpeed's first version source
+    usr_rocm_version_header: bool = False  # /usr/include/rocm_version.h, DeepSpeed's last one
+    python_include: str | None = None
+    python_headers: bool = False
+    target_prefix: str | None = None
+    nvidia_packages: tuple[str, ...] = ()
+    libaio_headers: bool = False
+    ds_build: DeepSpeedBuild | None = None
+    receipt_path: str | None = None
+    receipt_exists: bool = False
+    kernel_cmdline: str | None = None
+    iommu_enabled: bool | None = None  # None: unknown (no /sys/class/iommu)
+    kfd_native_archs: tuple[str, ...] = ()  # GPU nodes' real targets per KFD, overrides ignored
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def cxx_compiler(self) -> str | None:
+        return next((self.tools[c] for c in COMPILERS if self.tools.get(c)), None)
+
+
+def collect_facts(
+    env: Environment,
+    environ: Mapping[str, str] | None = None,
+    root: Path = Path("/"),
+    timeout: float = FACTS_TIMEOUT_S,
+    target: TargetPython | None = None,
+) -> SystemFacts:
+    """Read the facts for `env` (its target interpreter, its DeepSpeed) below `root`.
+    `target`: the interpreter's answers when the caller already asked (in parallel with detect)."""
+    environ = dict(os.environ if environ is None else environ)
+    kfd = root / "dev" / "kfd"
+    rocm_root = find_rocm_root(environ)
+    extra_dirs = [rocm_root / "bin"] if rocm_root else []
+    search_path = environ.get("PATH", "")
+    tools = {name: _str(which(name, path=search_path)) for name in (*COMPILERS, "ninja")}
+    tools["hipcc"] = _str(which("hipcc", extra_dirs=extra_dirs, path=search_path))
+    if target is None:
+        target = probe_target_python(Path(env.python.executable), environ, timeout)
+    warnings = list(target.warnings)
+    headers = bool(target.include_dir) and Path(target.include_dir or "", "Python.h").is_file()
+    ds_build = None
+    if env.deepspeed and env.deepspeed.location:
+        ds_build = read_deepspeed_build(
+            Path(env.deepspeed.location) / "deepspeed" / "git_version_info_installed.py", warnings
+        )
+    rocm_home = _rocm_home(environ, rocm_root, tools["hipcc"])
+    receipt = Path(target.prefix) / RECEIPT_RELATIVE if target.prefix else None
+    return SystemFacts(
+        root=str(root),
+        kfd_exists=kfd.exists(),
+        kfd_accessible=kfd.exists() and os.access(kfd, os.R_OK | os.W_OK),
+        kfd_group=_group_of(kfd),
+        user_groups=_user_groups(),
+        is_root=os.geteuid() == 0,
+        shm_bytes=_filesystem_size(root / "dev" / "shm"),
+        memlock_soft_bytes=_memlock_soft_limit(),
+        tools=tools,
+        rocm_home=rocm_home,
+        rocm_info_version_file=bool(rocm_home) and Path(rocm_home or "", ".info", "version").is_file(),
+        usr_rocm_version_header=(root / "usr" / "include" / "rocm_version.h").is_file(),
+        python_include=target.include_dir,
+        python_headers=headers,
+        target_prefix=target.prefix,
+        nvidia_packages=target.nvidia_packages,
+        libaio_headers=_has_libaio_headers(root, environ),
+        ds_build=ds_build,
+        receipt_path=str(receipt) if receipt else None,
+        receipt_exists=bool(receipt and receipt.is_file()),
+        kernel_cmdline=_read_text(root / "proc" / "cmdline"),
+        iommu_enabled=_iommu_enabled(root / "sys" / "class" / "iommu"),
+        kfd_native_archs=kfd_native_archs(root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes"),
+        warnings=tuple(warnings),
+    )
+
+
+def probe_target_python(
+    python: Path, environ: Mapping[str, str], timeout: float = FACTS_TIMEOUT_S
+) -> TargetPython:
+    """Ask the target interpreter for its include dir, prefix and nvidia-* packages."""
+    try:
+        result = run([python, "-c", FACTS_SCRIPT], timeout=timeout, env=dict(environ))
+    except ToolError as exc:
+        return TargetPython(None, None, (), (f"facts probe: {exc.message}",))
+    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
+    if not result.ok or line is None:
+        note = f"facts probe: {python} exited with {result.returncode}: {result.tail(2)}"
+        return TargetPython(None, None, (), (note,))
+    try:
+        data = json.loads(line[len(MARKER):])
+        return TargetPython(
+            include_dir=data.get("include") or None,
+            prefix=data.get("prefix") or None,
+            nvidia_packages=tuple(str(n) for n in data.get("nvidia") or ()),
+        )
+    except (ValueError, TypeError, AttributeError) as exc:
+        return TargetPython(None, None, (), (f"facts probe: unreadable result ({exc})",))
+
+
+def parse_git_version_info(text: str) -> dict[str, object]:
+    """The literal assignments of `git_version_info_installed.py`, read without executing it."""
+    values: dict[str, object] = {}
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return values
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return values
+
+
+def read_deepspeed_build(path: Path, warnings: list[str]) -> DeepSpeedBuild | None:
+    """DeepSpeed's build record, or None (with a warning) when it is absent or unreadable."""
+    text = _read_text(path)
+    if text is None:
+        warnings.append(f"DeepSpeed build record {path} not found (a source checkout or a broken install)")
+        return None
+    values = parse_git_version_info(text)
+    ops = values.get("installed_ops")
+    torch_info = values.get("torch_info")
+    if not isinstance(ops, dict) or not isinstance(torch_info, dict):
+        warnings.append(f"DeepSpeed build record {path} has no installed_ops/torch_info")
+        return None
+    return DeepSpeedBuild(
+        path=str(path),
+        version=str(values.get("version", "")).strip(),
+        installed_ops={str(k): bool(v) for k, v in ops.items()},
+        torch_version=str(torch_info.get("version", "0.0")),
+        hip_version=str(torch_info.get("hip_version", "0.0")),
+        cuda_version=str(torch_info.get("cuda_version", "0.0")),
+        accelerator=str(values.get("accelerator_name", "")),
+    )
+
+
+_TARGET_VERSION_RE = re.compile(r"^gfx_target_version\s+(\d+)\s*$", re.MULTILINE)
+
+
+def parse_gfx_target_version(properties: str) -> str | None:
+    """KFD's `gfx_target_version 90010` -> `gfx90a` (major*10000 + minor*100 + stepping); 0 is a CPU."""
+    match = _TARGET_VERSION_RE.search(properties)
+    if not match or int(match.group(1)) == 0:
+        return None
+    value = int(match.group(1))
+    return gfx.arch_from_override(f"{value // 10000}.{value // 100 % 100}.{value % 100}")
+
+
+def kfd_native_archs(nodes_dir: Path) -> tuple[str, ...]:
+    """The real target of every GPU node in KFD's topology (HSA_OVERRIDE_GFX_VERSION does not reach
+    the kernel driver), in node order."""
+    try:
+        nodes = sorted((p for p in nodes_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    except OSError:
+        return ()
+    archs = [parse_gfx_target_version(_read_text(node / "properties") or "") for node in nodes]
+    return tuple(a for a in archs if a)
+
+
+def _has_libaio_headers(root: Path, environ: Mapping[str, str]) -> bool:
+    """libaio.h where a compiler looks by default, or in a dir given by CFLAGS -I / CPATH."""
+    dirs = [root / "usr" / "include", root / "usr" / "local" / "include"]
+    for var in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
+        dirs += [Path(d) for d in environ.get(var, "").split(os.pathsep) if d]
+    dirs += [Path(flag[2:]) for flag in environ.get("CFLAGS", "").split() if flag.startswith("-I")]
+    return any((d / "libaio.h").is_file() for d in dirs)
+
+
+def _rocm_home(environ: Mapping[str, str], rocm_root: Path | None, hipcc: str | None) -> str | None:
+    """Where torch's cpp_extension will look for ROCm: ROCM_HOME/ROCM_PATH, else hipcc's prefix."""
+    if rocm_root:
+        return str(rocm_root)
+    if hipcc:
+        return str(Path(hipcc).resolve().parent.parent)
+    return None
+
+
+def _iommu_enabled(path: Path) -> bool | None:
+    try:
+        return any(path.iterdir())
+    except OSError:
+        return None
+
+
+def _filesystem_size(path: Path) -> int | None:
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_frsize * stats.f_blocks
+
+
+def _memlock_soft_limit() -> int | None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _user_groups() -> tuple[str, ...]:
+    return tuple(sorted({_group_name(gid) for gid in {*os.getgroups(), os.getegid()}}))
+
+
+def _group_of(path: Path) -> str | None:
+    try:
+        return _group_name(path.stat().st_gid)
+    except OSError:
+        return None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _str(path: Path | None) -> str | None:
+    return str(path) if path else None

@@ -1,0 +1,89 @@
+"""What compiling DeepSpeed's ops needs: hipcc/ROCM_HOME, ninja, Python headers, a C++ compiler, libaio."""
+
+from __future__ import annotations
+
+import re
+
+from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
+from mlstack_ds.doctor.rules.common import rocm_torch
+
+
+def no_hipcc(inp: DoctorInput) -> Hit | None:
+    if not rocm_torch(inp) or inp.facts.tools.get("hipcc"):
+        return None
+    home = inp.facts.rocm_home or "none"
+    return Hit(f"hipcc is not on PATH nor under ROCM_PATH/ROCM_HOME (ROCm home: {home})")
+
+
+def no_ninja(inp: DoctorInput) -> Hit | None:
+    if inp.env.torch is None or inp.facts.tools.get("ninja"):
+        return None
+    return Hit("ninja is not on PATH")
+
+
+def no_python_headers(inp: DoctorInput) -> Hit | None:
+    include = inp.facts.python_include
+    if inp.facts.python_headers or include is None:
+        return None  # an unknown include dir means the target did not answer: detect warns about that
+    return Hit(f"Python.h not found in {include} (interpreter {inp.env.python.executable})")
+
+
+def no_cxx_compiler(inp: DoctorInput) -> Hit | None:
+    if inp.facts.cxx_compiler:
+        return None
+    return Hit("none of c++, g++, clang++ is on PATH")
+
+
+def no_libaio_headers(inp: DoctorInput) -> Hit | None:
+    if inp.facts.libaio_headers:
+        return None
+    if inp.nvme_offload:
+        return Hit("libaio.h not found, and the DeepSpeed config offloads to NVMe", severity="error")
+    return Hit("libaio.h not found: async_io (NVMe offload) will not be built")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="MLS-BUILD-001", severity="error", title="hipcc / ROCM_HOME not found",
+        symptom="torch's cpp_extension cannot find ROCm: every HIP op fails to build or JIT.",
+        fix=("install the ROCm development packages (hipcc, rocm-dev)",
+             "export ROCM_PATH=/opt/rocm-<X.Y.Z>   # where bin/hipcc lives"),
+        source="F05/F06 (ROCm paths not found; ops that need a ROCm/CUDA home crash)",
+        check=no_hipcc,
+    ),
+    Rule(
+        id="MLS-BUILD-002", severity="warning", title="ninja is not installed",
+        symptom="`ds_report` shows `ninja .... [FAIL]`; JIT-compiled ops cannot load "
+        "(\"JIT compiled ops requires ninja\").",
+        fix=("pip install ninja   # or: apt-get install ninja-build",),
+        source="ds_report fixtures (`JIT compiled ops requires ninja`)",
+        check=no_ninja,
+    ),
+    Rule(
+        id="MLS-BUILD-003", severity="error", title="Python development headers are missing",
+        symptom="Op builds fail with `fatal error: Python.h: No such file or directory`.",
+        fix=("apt-get install python3-dev   # or python3.X-dev / python3-devel for the target interpreter",),
+        source="issue #7 build prerequisites (no catalogue entry): torch's cpp_extension compiles every "
+        "op against the target interpreter's headers",
+        check=no_python_headers,
+    ),
+    Rule(
+        id="MLS-BUILD-004", severity="error", title="No C++ compiler",
+        symptom="Every op build fails before the first file compiles.",
+        fix=("apt-get install build-essential   # or: dnf install gcc-c++",),
+        source="issue #7 build prerequisites; F04/F15 (cpu_adam and other CPU ops are compiled with "
+        "the host C++ compiler)",
+        check=no_cxx_compiler,
+    ),
+    Rule(
+        id="MLS-BUILD-005", severity="info",
+        title="libaio headers are missing: async_io (NVMe offload) unavailable",
+        symptom="`async_io requires the dev libaio .so object and headers but these were not found.`",
+        fix=("apt-get install libaio-dev   # or: dnf/yum install libaio-devel",
+             "DeepSpeed >= 0.16.4 is needed for async_io on ROCm"),
+        source="F14 (every ROCm ds_report in the corpus)",
+        check=no_libaio_headers,
+        log_patterns=(re.compile(r"async_io requires the dev libaio"),),
+        severity_note="error when the DeepSpeed config offloads to NVMe",
+    ),
+)

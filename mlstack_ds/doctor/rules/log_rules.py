@@ -1,0 +1,66 @@
+"""Failures only a log shows: compiler and loader errors with a known cause and fix."""
+
+from __future__ import annotations
+
+import re
+
+from mlstack_ds.doctor.model import Rule
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="MLS-LOG-001", severity="error", title="HIP warp-sync builtins reject DeepSpeed's 32-bit masks",
+        symptom="`static assertion failed ... The mask must be a 64-bit integer` in "
+        "amd_warp_sync_functions.h (ROCm >= 6.2), building evoformer_attn or inference-v2 ops.",
+        fix=("build without those ops: DS_BUILD_EVOFORMER_ATTN=0 DS_BUILD_INFERENCE_CORE_OPS=0",
+             "never DS_BUILD_OPS=1 on ROCm; mlstack-ds install builds an allow-list of ops"),
+        source="F09 (deepspeedai/DeepSpeed#7565, #7590, open upstream)",
+        log_patterns=(re.compile(r"The mask must be a 64-bit integer"),),
+    ),
+    Rule(
+        id="MLS-LOG-002", severity="error", title="Un-hipified CUDA header in a ROCm build",
+        symptom="`fatal error: 'cuda_runtime_api.h' file not found` while building ops with DS_BUILD_OPS=1.",
+        fix=("build only the ops you need (DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 ...), never "
+             "DS_BUILD_OPS=1 on ROCm", "or: mlstack-ds install"),
+        source="F11 (deepspeedai/DeepSpeed#3304, ROCm/apex#102)",
+        log_patterns=(re.compile(r"'?cuda_runtime_api\.h'?:? (file not found|No such file)"),),
+    ),
+    Rule(
+        id="MLS-LOG-003", severity="error", title="DeepSpeed built for its CPU accelerator (oneCCL) on ROCm",
+        symptom="`fatal error: oneapi/ccl.hpp: No such file or directory`: no GPU was visible at build "
+        "time, so DeepSpeed picked the CPU accelerator.",
+        fix=("export DS_ACCELERATOR=cuda PYTORCH_ROCM_ARCH=<gfx...>   # then rebuild",
+             "make /dev/kfd visible to the build (see MLS-DEV-001/002)"),
+        source="F12 (lamikr/rocm_sdk_builder#8, #75; deepspeedai/DeepSpeed#5653)",
+        log_patterns=(re.compile(r"oneapi/ccl\.hpp"),),
+    ),
+    Rule(
+        id="MLS-LOG-004", severity="info", title="sparse_attn is not supported on ROCm (expected)",
+        symptom="`[WARNING]  sparse_attn is not compatible with ROCM` in ds_report: by design upstream.",
+        fix=("nothing to fix; leave it out of builds (DS_BUILD_SPARSE_ATTN=0)",),
+        source="F13 (op_builder/sparse_attn.py; LUMI ds_report fixture)",
+        log_patterns=(re.compile(r"sparse_attn is not compatible with ROCM"),),
+    ),
+    Rule(
+        id="MLS-LOG-005", severity="error", title="torch is too old to hipify DeepSpeed",
+        symptom="`TypeError: hipify() got an unexpected keyword argument 'hipify_extra_files_only'`.",
+        fix=("install torch >= 1.12 built for ROCm",),
+        source="F07 (deepspeedai/DeepSpeed#1816)",
+        log_patterns=(re.compile(r"hipify\(\) got an unexpected keyword argument"),),
+    ),
+    Rule(
+        id="MLS-LOG-006", severity="error", title="torch 2.3.0's hipify mapping lacks cuBLAS types",
+        symptom="`error: unknown type name 'cublasGemmAlgo_t'; did you mean 'hipblasGemmAlgo_t'?`",
+        fix=("pip install 'torch>=2.3.1' --index-url https://download.pytorch.org/whl/rocm<X.Y>",),
+        source="F08 (deepspeedai/DeepSpeed#6795)",
+        log_patterns=(re.compile(r"unknown type name 'cublasGemmAlgo_t'"),),
+    ),
+    Rule(
+        id="MLS-LOG-007", severity="error", title="An op builder assumes CUDA_HOME on ROCm",
+        symptom="`AssertionError: CUDA_HOME does not exist, unable to compile CUDA op(s)` or "
+        "`TypeError: expected str, bytes or os.PathLike object, not NoneType` from op_builder.",
+        fix=("mlstack-ds install   # DeepSpeed 0.19.5 with the ROCm fixes",
+             "or leave that op out of the build (DS_BUILD_<OP>=0)"),
+        source="F06 (deepspeedai/DeepSpeed#3091, PR #6456, PR #7224)",
+        log_patterns=(re.compile(r"CUDA_HOME does not exist, unable to compile CUDA op"),),
+    ),
+)

@@ -1,0 +1,81 @@
+"""Host limits and platform settings that break multi-rank runs: /dev/shm, memlock, IOMMU."""
+
+from __future__ import annotations
+
+import re
+
+from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
+from mlstack_ds.doctor.rules.common import amd_gpus, rocm_target
+
+MIN_SHM_BYTES = 512 * 1024**2  # DeepSpeed's own ds_report threshold (deepspeed/env_report.py)
+MIN_MEMLOCK_BYTES = 1024**3
+_MIB = 1024**2
+
+
+def shm_too_small(inp: DoctorInput) -> Hit | None:
+    size = inp.facts.shm_bytes
+    if size is None or size >= MIN_SHM_BYTES:
+        return None
+    return Hit(f"/dev/shm is {size / _MIB:.0f} MiB (DeepSpeed warns below {MIN_SHM_BYTES // _MIB} MiB)")
+
+
+def memlock_too_low(inp: DoctorInput) -> Hit | None:
+    limit = inp.facts.memlock_soft_bytes
+    gpu_target = rocm_target(inp) or (inp.env.torch is not None and inp.env.torch.cuda is not None)
+    if limit is None or limit >= MIN_MEMLOCK_BYTES or not gpu_target:
+        return None
+    return Hit(f"ulimit -l is {limit // 1024} KiB")
+
+
+def iommu_not_passthrough(inp: DoctorInput) -> Hit | None:
+    discrete = [g for g in amd_gpus(inp) if not g.integrated]
+    cmdline = inp.facts.kernel_cmdline
+    if len(discrete) < 2 or cmdline is None or inp.facts.iommu_enabled is False:
+        return None
+    if re.search(r"(^|\s)(amd_)?iommu=(pt|off)(\s|$)", cmdline):
+        return None
+    radeon = [g for g in discrete if g.family.startswith("RDNA")]
+    fix = ['add iommu=pt to GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, run update-grub, reboot',
+           "export HSA_FORCE_FINE_GRAIN_PCIE=1",
+           "check with rccl-tests: all_reduce_perf -b 8 -e 128M -f 2 -g <number of GPUs>"]
+    if radeon:
+        fix.append("Radeon cards often lack PCIe peer-to-peer: if RCCL still hangs, "
+                   "export NCCL_P2P_DISABLE=1")
+    state = "enabled" if inp.facts.iommu_enabled else "state unknown"
+    return Hit(f"{len(discrete)} discrete GPUs ({', '.join(g.arch for g in discrete)}); IOMMU {state}; "
+               "kernel command line has no iommu=pt", fix=tuple(fix))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="MLS-SYS-001", severity="warning", title="/dev/shm is too small for multi-rank runs",
+        symptom="Containers default to a 64 MB /dev/shm; NCCL/RCCL and DataLoader workers fail or hang "
+        "(`/dev/shm size might be too small`).",
+        fix=("docker run --shm-size=16g ...   # or --ipc=host",
+             "on a host: mount -o remount,size=16G /dev/shm"),
+        source="DeepSpeed's ds_report shm check (deepspeed/env_report.py); F22/F23 multi-rank hangs",
+        check=shm_too_small,
+        log_patterns=(re.compile(r"/dev/shm size might be too small"),),
+    ),
+    Rule(
+        id="MLS-SYS-002", severity="warning", title="Low locked-memory limit (ulimit -l)",
+        symptom="Pinned host memory (RCCL's InfiniBand/RoCE transports, offload buffers) cannot be "
+        "locked: registration errors or silent fallback to slow paths.",
+        fix=("ulimit -l unlimited   # for the shell that launches training",
+             "docker run --ulimit memlock=-1 ...",
+             "/etc/security/limits.conf: * soft memlock unlimited / * hard memlock unlimited"),
+        source="issue #7 (pinned memory; no catalogue entry quotes a memlock failure)",
+        check=memlock_too_low,
+    ),
+    Rule(
+        id="MLS-NET-001", severity="warning", title="Multi-GPU host without iommu=pt",
+        symptom="RCCL collectives hang or time out (`NCCL WARN Missing \"iommu=pt\" from kernel command "
+        "line which can lead to system instablity or hang!`, watchdog timeouts).",
+        fix=("add iommu=pt to the kernel command line and reboot",
+             "export HSA_FORCE_FINE_GRAIN_PCIE=1",
+             "Radeon without PCIe P2P: export NCCL_P2P_DISABLE=1 (diagnostic)"),
+        source="F22 (ROCm/rccl#1129, ROCm/rccl#1026, ROCm/vllm#390), F23",
+        check=iommu_not_passthrough,
+        log_patterns=(re.compile(r'Missing "iommu=pt"'),),
+    ),
+)

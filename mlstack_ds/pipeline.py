@@ -1,0 +1,138 @@
+"""The install pipeline: detect -> plan -> (dry run stops here) -> build -> install -> check.
+
+One function per user-visible command; the CLI only parses options and renders what comes back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel
+from mlstack_ds.console import Output
+from mlstack_ds.detect import Environment, detect
+from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
+from mlstack_ds.install import InstalledState, install_wheel, probe_installed
+from mlstack_ds.patches import series_for_recipe
+from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.receipt import Receipt, read_receipt
+from mlstack_ds.recipe import Recipe, find_recipe
+from mlstack_ds.runner import run
+from mlstack_ds.source.cache import Cache
+from mlstack_ds.source.fetch import SourceSpec, parse_source_spec
+from mlstack_ds.targets import parse_arch_option
+from mlstack_ds.toolchain import probe_toolchain
+
+PREBUILT_IMPORT_CHECK = r"""
+import importlib, sys
+from deepspeed.ops.op_builder.all_ops import ALL_OPS
+failed = []
+for name in sys.argv[1:]:
+    builder = ALL_OPS.get(name)
+    try:
+        importlib.import_module(builder.absolute_name())  # the prebuilt extension: no JIT possible here
+    except Exception as exc:
+        failed.append("%s: %s" % (name, exc))
+print("\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+@dataclass(frozen=True)
+class InstallRequest:
+    deepspeed_version: str = "0.19.5"
+    source: str = "pypi"
+    git_url: str | None = None
+    git_commit: str | None = None
+    sha256: str | None = None
+    archs: str | None = None
+    python: Path | None = None
+    jobs: int | None = None
+    cache_dir: Path | None = None
+    patches: bool = True
+    verify: bool = True
+    force: bool = False
+    rebuild: bool = False
+
+
+@dataclass(frozen=True)
+class Prepared:
+    environment: Environment
+    recipe: Recipe
+    spec: SourceSpec
+    plan: BuildPlan
+
+
+@dataclass(frozen=True)
+class InstallOutcome:
+    plan: BuildPlan
+    action: str  # "installed" | "up-to-date"
+    receipt: Receipt
+    built: BuiltWheel | None
+
+
+def patch_refs(recipe: Recipe) -> list[PatchRef]:
+    series = series_for_recipe(recipe)
+    return [PatchRef(p.name, hashlib.sha256(p.path.read_bytes()).hexdigest()) for p in series.patches]
+
+
+def prepare(request: InstallRequest) -> Prepared:
+    """Everything up to the plan; touches nothing (this is `install --dry-run`)."""
+    if request.jobs is not None and request.jobs < 1:
+        raise UsageError(f"--jobs {request.jobs}: must be at least 1", hint="e.g. --jobs 4")
+    recipe = find_recipe(f"deepspeed-{request.deepspeed_version}")
+    spec = parse_source_spec(request.source, git_url=request.git_url, git_commit=request.git_commit,
+                             sha256=request.sha256)
+    archs = parse_arch_option(request.archs) if request.archs else None
+    environment = detect(python=request.python)
+    rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
+    toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir)
+    options = PlanOptions(source=request.source, archs=archs, jobs=request.jobs, patches=request.patches)
+    plan = make_plan(environment, recipe, toolchain, patch_refs(recipe) if request.patches else [], options)
+    return Prepared(environment, recipe, spec, plan)
+
+
+def healthy(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> bool:
+    """Our receipt for this very plan, and the environment still holds what it describes."""
+    return (
+        receipt is not None
+        and receipt.cache_key == plan.cache_key
+        and state.deepspeed_version == receipt.deepspeed_version
+        and set(state.prebuilt_ops) == set(plan.built_ops)
+        and state.torch_version == receipt.torch_version
+    )
+
+
+def check_prebuilt_ops(python: str, ops: tuple[str, ...]) -> None:
+    """Import each planned op's prebuilt extension in the target interpreter (no JIT fallback)."""
+    if not ops:
+        return
+    result = run([python, "-c", PREBUILT_IMPORT_CHECK, *ops], timeout=300, env={**os.environ})
+    if not result.ok:
+        raise InstallError(f"prebuilt ops do not load: {result.tail(1)}",
+                           hint="run `mlstack-ds doctor` and `mlstack-ds status`")
+
+
+def run_install(prepared: Prepared, request: InstallRequest, output: Output,
+                progress: BuildProgress | None = None) -> InstallOutcome:
+    plan = prepared.plan
+    prefix = prepared.environment.python.prefix
+    if not prefix:
+        raise EnvironmentProblem(f"cannot tell the environment prefix of {plan.target_python}",
+                                 hint="check that --python runs")
+    receipt = read_receipt(prefix)
+    if not (request.force or request.rebuild) and healthy(plan, receipt, probe_installed(plan.target_python)):
+        assert receipt is not None
+        return InstallOutcome(plan, "up-to-date", receipt, None)
+    cache = Cache.open(request.cache_dir)
+    built = build_wheel(plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
+                        progress=progress, status=output.status)
+    output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
+                  + built.wheel.name)
+    new_receipt = install_wheel(plan, built, prefix, status=output.status)
+    if request.verify:
+        output.status(f"checking that the prebuilt ops load: {', '.join(plan.built_ops)}")
+        check_prebuilt_ops(plan.target_python, plan.built_ops)
+    return InstallOutcome(plan, "installed", new_receipt, built)

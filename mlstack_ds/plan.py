@@ -1,0 +1,218 @@
+"""Turn what was detected + the recipe + the user's options into a `BuildPlan` (pure, no I/O).
+
+`install --dry-run` prints exactly this; the build and install stages only execute it. Everything
+that decides *what* gets built lives here, so it can be tested table-driven on replayed machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from mlstack_ds import buildspec
+from mlstack_ds.detect.model import Environment
+from mlstack_ds.detect.versions import major_minor
+from mlstack_ds.errors import EnvironmentProblem, UsageError
+from mlstack_ds.targets import cuda_arch_list, select_rocm_targets
+from mlstack_ds.toolchain import Toolchain
+
+PLAN_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    source: str = "pypi"
+    archs: tuple[str, ...] | None = None
+    jobs: int | None = None
+    patches: bool = True
+
+
+@dataclass(frozen=True)
+class PatchRef:
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class OpDecision:
+    name: str
+    flag: str
+    build: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    schema: int
+    recipe: str
+    deepspeed_version: str
+    source: str
+    source_pin: str  # the pinned commit (git) or sdist sha256 (everything else): what the tree must be
+    patches: tuple[PatchRef, ...]
+    platform: str
+    accelerator: str
+    archs: tuple[str, ...]
+    wavefront: int | None
+    ops: tuple[OpDecision, ...]
+    env: dict[str, str]
+    path_prepend: tuple[str, ...]
+    target_python: str
+    python_version: str
+    torch_version: str
+    pip_wheel_args: tuple[str, ...]
+    cache_key: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def built_ops(self) -> tuple[str, ...]:
+        return tuple(op.name for op in self.ops if op.build)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["built_ops"] = list(self.built_ops)
+        return data
+
+
+def make_plan(
+    environment: Environment,
+    recipe: Any,
+    toolchain: Toolchain,
+    patches: Sequence[PatchRef],
+    options: PlanOptions,
+    *,
+    cpu_count: int | None = None,
+) -> BuildPlan:
+    """Decide the whole build, or refuse early with the fix in the message."""
+    torch = environment.torch
+    platform = environment.platform
+    _refuse_wrong_torch(environment)
+    assert torch is not None
+    table = recipe.platforms.get(platform)
+    if table is None:
+        raise UsageError(f"recipe {recipe.name} has no build table for platform {platform!r}",
+                         hint="use a recipe that supports this platform")
+    build = buildspec.parse_platform(platform, table, str(recipe.path))
+    notes: list[str] = []
+
+    env: dict[str, str] = {"DS_ACCELERATOR": build.accelerator, "DS_BUILD_OPS": "0"}
+    archs: tuple[str, ...] = ()
+    wavefront: int | None = None
+    if options.archs and platform != "rocm":
+        raise UsageError(f"--arch applies to ROCm builds; this is a {platform} machine",
+                         hint="leave out --arch")
+    if platform == "rocm":
+        _refuse_old_rocm(environment, recipe.min_rocm)
+        targets = select_rocm_targets(environment, options.archs)
+        archs, wavefront = targets.archs, targets.wavefront
+        notes.extend(targets.notes)
+        env["PYTORCH_ROCM_ARCH"] = ";".join(archs)
+        env["DS_ROCM_WAVEFRONT_SIZE"] = str(wavefront)
+        if environment.rocm and environment.rocm.root:
+            env["ROCM_HOME"] = environment.rocm.root
+        if not toolchain.hipcc:
+            raise EnvironmentProblem("hipcc not found (needed to compile the ROCm ops)",
+                                     hint="install ROCm's HIP SDK (hip-dev/hipcc) or set ROCM_PATH")
+    elif platform == "cuda":
+        arch_list = cuda_arch_list(environment)
+        if arch_list:
+            env["TORCH_CUDA_ARCH_LIST"] = arch_list
+            archs = tuple(arch_list.split(";"))
+        if not toolchain.nvcc:
+            raise EnvironmentProblem("nvcc not found (needed to compile the CUDA ops)",
+                                     hint="install the CUDA toolkit matching torch, or set CUDA_HOME")
+    if toolchain.python_headers is False:
+        raise EnvironmentProblem(
+            f"Python headers (Python.h) missing for {environment.python.executable}",
+            hint="install them: apt-get install python3-dev (or your distribution's python-devel)",
+        )
+    if not toolchain.cxx:
+        raise EnvironmentProblem("no C++ compiler found", hint="install one: apt-get install g++ (or build-essential)")
+
+    decisions = []
+    for op in build.ops:
+        on, reason = op.build, op.reason
+        if on and op.requires == "libaio" and not toolchain.libaio_headers:
+            on, reason = False, "skipped: libaio headers not found (apt-get install libaio-dev)"
+        decisions.append(OpDecision(op.name, op.flag, on, reason))
+        env[op.flag] = "1" if on else "0"
+    jobs = options.jobs or max(1, cpu_count if cpu_count is not None else (os.cpu_count() or 1))
+    env["MAX_JOBS"] = str(jobs)
+    path_prepend = (toolchain.ccache_dir,) if toolchain.ccache_dir else ()
+    if not toolchain.ninja:
+        notes.append("ninja not found: ops compile one file at a time (pip install ninja makes it faster)")
+
+    source_pin = recipe.git.commit if options.source == "git" else recipe.sdist.sha256
+    patch_refs = tuple(patches) if options.patches else ()
+    pip_args = ("-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir")
+    key_material = {
+        "schema": PLAN_SCHEMA, "deepspeed": recipe.version, "source": options.source.split(":")[0],
+        "source_pin": source_pin, "patches": [asdict(p) for p in patch_refs], "platform": platform,
+        "archs": archs, "env": {k: v for k, v in env.items() if k != "MAX_JOBS"},
+        "torch": torch.version, "torch_hip": torch.hip, "torch_cuda": torch.cuda,
+        "python": major_minor(environment.python.version),
+    }
+    cache_key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()[:24]
+    return BuildPlan(
+        schema=PLAN_SCHEMA, recipe=recipe.name, deepspeed_version=recipe.version, source=options.source,
+        source_pin=source_pin, patches=patch_refs, platform=platform, accelerator=build.accelerator,
+        archs=archs, wavefront=wavefront, ops=tuple(decisions), env=dict(sorted(env.items())),
+        path_prepend=path_prepend, target_python=environment.python.executable,
+        python_version=environment.python.version, torch_version=torch.version, pip_wheel_args=pip_args,
+        cache_key=cache_key, notes=tuple(notes),
+    )
+
+
+def _refuse_wrong_torch(environment: Environment) -> None:
+    torch, platform = environment.torch, environment.platform
+    python = environment.python.executable
+    if torch is None:
+        hint = {
+            "rocm": "install a ROCm PyTorch: pip install torch --index-url https://download.pytorch.org/whl/rocm"
+            + (major_minor(environment.rocm.version) or "X.Y" if environment.rocm else "X.Y"),
+            "cuda": "install a CUDA PyTorch: pip install torch (see pytorch.org for your CUDA version)",
+            "cpu": "install a CPU PyTorch, e.g. scripts/install_deepspeed.sh --with-torch cpu",
+        }[platform]
+        raise EnvironmentProblem(f"PyTorch is not installed in {python}", hint=hint)
+    if platform == "rocm" and torch.build != "rocm":
+        raise EnvironmentProblem(
+            f"this is an AMD GPU machine but {python} has a {torch.build.upper()} PyTorch ({torch.version})",
+            hint="replace it with a ROCm build: pip install --force-reinstall torch --index-url "
+            "https://download.pytorch.org/whl/rocm" + (major_minor(environment.rocm.version) or "X.Y"
+                                                       if environment.rocm else "X.Y"),
+        )
+    if platform == "cuda" and torch.build != "cuda":
+        raise EnvironmentProblem(
+            f"this is an NVIDIA GPU machine but {python} has a {torch.build.upper()} PyTorch ({torch.version})",
+            hint="install a CUDA build of PyTorch (pytorch.org)",
+        )
+
+
+def _refuse_old_rocm(environment: Environment, min_rocm: str) -> None:
+    rocm = environment.rocm
+    version = (rocm.version if rocm else None) or (
+        major_minor(environment.torch.hip) if environment.torch else None)
+    if not version:
+        return
+    try:
+        too_old = Version(version) < Version(min_rocm)
+    except InvalidVersion:
+        return
+    if too_old:
+        raise EnvironmentProblem(
+            f"ROCm {version} is older than this recipe supports (ROCm >= {min_rocm})",
+            hint=f"upgrade ROCm to {min_rocm} or newer",
+        )
+
+
+def plan_env(plan: BuildPlan, base: Mapping[str, str]) -> dict[str, str]:
+    """The build's environment: the caller's, with the plan's variables and PATH additions on top."""
+    env = {**base, **plan.env}
+    if plan.path_prepend:
+        env["PATH"] = os.pathsep.join([*plan.path_prepend, base.get("PATH", "")])
+    return env

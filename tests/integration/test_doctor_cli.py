@@ -1,0 +1,141 @@
+"""The real `mlstack-ds doctor` in a subprocess on a faked AMD machine: a fake `rocminfo` on PATH
+printing a real capture, a temporary ROCM_PATH with `.info/version`, and a fake /dev, /proc, /sys
+root (`--sys-root`). The target interpreter is the test venv's (a real CPU torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+REAL = FIXTURES / "real"
+RX7900 = REAL / "rocminfo_gfx1100_rocm-issue-3949.txt"
+MI210X4 = REAL / "rocminfo_gfx90a_4xMI210_rocm-issue-4563.txt"
+LUMI_DS_REPORT = REAL / "ds_report_rocm-6.0_torch-2.3.1_ds-0.14.0_lumi-container.txt"
+MASK_ERROR = FIXTURES / "doctor-logs" / "mask-64bit_ds-7565.txt"
+EXIT_ENVIRONMENT = 3
+
+
+def write(path: Path, text: str = "", mode: int = 0o644) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+class FakeMachine:
+    def __init__(self, tmp: Path, capture: Path | None, kfd_targets: tuple[int, ...] = ()) -> None:
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        if capture is not None:
+            write(self.bin / "rocminfo", f"#!/bin/sh\nexec /bin/cat '{capture}'\n", 0o755)
+        self.rocm = tmp / "rocm"
+        write(self.rocm / ".info" / "version", "6.2.2-116\n")
+        write(self.rocm / "bin" / "hipcc", "#!/bin/sh\nexit 0\n", 0o755)
+        self.root = tmp / "root"
+        (self.root / "dev" / "shm").mkdir(parents=True)
+        write(self.root / "proc" / "cmdline", "BOOT_IMAGE=/vmlinuz ro quiet\n")
+        write(self.root / "usr" / "include" / "libaio.h")
+        if capture is not None:
+            write(self.root / "dev" / "kfd")
+            write(self.root / "sys" / "class" / "iommu" / "ivhd0" / "name", "ivhd0")
+        nodes = self.root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes"
+        for number, target in enumerate(kfd_targets, start=1):
+            write(nodes / str(number) / "properties", f"gfx_target_version {target}\n")
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM"))}
+        environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm), **env)
+        argv = [sys.executable, "-m", "mlstack_ds", "doctor", "--python", sys.executable,
+                "--sys-root", str(self.root), *args]
+        return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, check=False)
+
+
+def findings(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
+    return {f["rule_id"]: f for f in json.loads(result.stdout)["findings"]}
+
+
+@pytest.fixture(scope="module")
+def rx7900_json(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    machine = FakeMachine(tmp_path_factory.mktemp("rx7900"), RX7900, kfd_targets=(110000,))
+    return machine.run("--json")
+
+
+def test_cpu_torch_on_an_rx7900_is_an_error(rx7900_json: subprocess.CompletedProcess[str]) -> None:
+    assert rx7900_json.returncode == EXIT_ENVIRONMENT, rx7900_json.stderr
+    document = json.loads(rx7900_json.stdout)
+    env = document["environment"]
+    assert env["platform"] == "rocm"
+    assert [g["arch"] for g in env["gpus"]] == ["gfx1100"]
+    assert env["rocm"]["version"] == "6.2.2"
+    found = findings(rx7900_json)
+    assert found["MLS-TORCH-003"]["severity"] == "error"
+    assert "gfx1100" in found["MLS-TORCH-003"]["evidence"]
+    assert found["MLS-TORCH-003"]["docs"] == "docs/troubleshooting.md#mls-torch-003"
+    # single GPU: no IOMMU warning; libaio present in the fake root; kfd present and accessible
+    assert not {"MLS-NET-001", "MLS-BUILD-005", "MLS-DEV-001", "MLS-DEV-002", "MLS-GPU-001"} & set(found)
+
+
+def test_table_output_and_exit_code(tmp_path: Path) -> None:
+    result = FakeMachine(tmp_path, RX7900, kfd_targets=(110000,)).run()
+    assert result.returncode == EXIT_ENVIRONMENT
+    assert "MLS-TORCH-003" in result.stdout
+    assert "CPU-only PyTorch" in result.stdout
+    assert "1 error(s)" in result.stderr
+
+
+def test_forgotten_override_on_mi210s(tmp_path: Path) -> None:
+    """ROCm/legacy-rocm-build#5238: HSA_OVERRIDE_GFX_VERSION=10.3.0 left set on MI210s
+    (KFD still reports gfx90a)."""
+    machine = FakeMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
+    result = machine.run("--json", HSA_OVERRIDE_GFX_VERSION="10.3.0", DS_ACCELERATOR="rocm")
+    assert result.returncode == EXIT_ENVIRONMENT
+    found = findings(result)
+    assert "gfx90a (CDNA2, wave64)" in found["MLS-ENV-002"]["evidence"]
+    assert "ValueError" in found["MLS-ENV-003"]["evidence"]
+    assert found["MLS-NET-001"]["severity"] == "warning"  # 4 GPUs, IOMMU on, no iommu=pt
+
+
+def test_no_gpu_machine_with_a_log_and_a_report(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, None)
+    result = machine.run("--report", "--log", str(LUMI_DS_REPORT))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = result.stdout
+    assert report.startswith("### mlstack-ds doctor report")
+    assert "- PyTorch: 2.13.0" in report
+    assert "| info | MLS-LOG-004 |" in report
+    assert "| warning | MLS-DS-001 |" in report
+    assert "log line 47: deepspeed wheel compiled w. ...... torch 0.0, hip 0.0" in report
+
+
+def test_an_error_in_the_log_sets_the_exit_code(tmp_path: Path) -> None:
+    result = FakeMachine(tmp_path, None).run("--json", "--log", str(MASK_ERROR))
+    assert result.returncode == EXIT_ENVIRONMENT
+    finding = findings(result)["MLS-LOG-001"]
+    assert finding["origin"] == "log"
+    assert "The mask must be a 64-bit integer" in finding["evidence"]
+
+
+def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, None)
+    missing = machine.run("--log", str(tmp_path / "absent.log"))
+    assert missing.returncode == 2
+    assert "error: --log" in missing.stderr and "Traceback" not in missing.stderr
+    both = machine.run("--json", "--report")
+    assert both.returncode == 2
+    assert "choose one" in both.stderr
+
+
+def test_missing_libaio_is_an_error_only_when_the_config_offloads_to_nvme(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, None)
+    (machine.root / "usr" / "include" / "libaio.h").unlink()
+    config = write(tmp_path / "ds_config.json",
+                   json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}))
+    result = machine.run("--json", "--ds-config", str(config), CPATH="", C_INCLUDE_PATH="", CFLAGS="")
+    assert result.returncode == EXIT_ENVIRONMENT
+    assert findings(result)["MLS-BUILD-005"]["severity"] == "error"

@@ -1,0 +1,157 @@
+"""System facts are read from a fake root (dev/, proc/, sys/, usr/include) and from a fake
+DeepSpeed install; the target-interpreter probe runs the real interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from doctor_inputs import make_env
+
+from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo
+from mlstack_ds.doctor.facts import (
+    collect_facts,
+    kfd_native_archs,
+    parse_gfx_target_version,
+    parse_git_version_info,
+    probe_target_python,
+)
+
+# In the format DeepSpeed 0.19.5's setup.py writes it (setup.py, "git_version_info_installed.py").
+GIT_VERSION_INFO = (
+    "version='0.19.5 '\n"
+    "git_hash='unknown'\n"
+    "git_branch='unknown'\n"
+    "installed_ops={'deepspeed_not_implemented': False, 'async_io': False, 'cpu_adam': True, "
+    "'fused_adam': False}\n"
+    "accelerator_name='cuda'\n"
+    "torch_info={'version': '2.5', 'bf16_support': False, 'cuda_version': '0.0', 'nccl_version': '2.20', "
+    "'hip_version': '6.2'}\n"
+)
+
+
+def write(path: Path, text: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def fake_root(tmp_path: Path, kfd: bool = True) -> Path:
+    root = tmp_path / "root"
+    (root / "dev" / "shm").mkdir(parents=True)
+    if kfd:
+        write(root / "dev" / "kfd")
+    write(root / "proc" / "cmdline", "BOOT_IMAGE=/vmlinuz ro quiet iommu=pt\n")
+    write(root / "sys" / "class" / "iommu" / "ivhd0" / "name", "ivhd0")
+    nodes = root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    write(nodes / "0" / "properties", "cpu_cores_count 16\nsimd_count 0\ngfx_target_version 0\n")
+    write(nodes / "1" / "properties", "simd_count 208\ngfx_target_version 90010\nvendor_id 4098\n")
+    write(nodes / "2" / "properties", "simd_count 96\ngfx_target_version 110000\n")
+    return root
+
+
+def this_python_env(deepspeed: DeepSpeedInfo | None = None):
+    env = make_env(deepspeed=deepspeed)
+    return type(env)(**{**env.__dict__, "python": PythonInfo(sys.executable, "3")})
+
+
+def test_facts_from_a_fake_root(tmp_path: Path) -> None:
+    root = fake_root(tmp_path)
+    write(root / "usr" / "include" / "libaio.h")
+    facts = collect_facts(this_python_env(), environ={"PATH": os.environ["PATH"]}, root=root)
+    assert facts.kfd_exists and facts.kfd_accessible
+    assert facts.kernel_cmdline is not None and "iommu=pt" in facts.kernel_cmdline
+    assert facts.iommu_enabled is True
+    assert facts.kfd_native_archs == ("gfx90a", "gfx1100")
+    assert facts.libaio_headers
+    statvfs = os.statvfs(root / "dev" / "shm")
+    assert facts.shm_bytes == statvfs.f_frsize * statvfs.f_blocks
+    # the target interpreter (this one) answered the probe
+    assert facts.target_prefix == sys.prefix
+    assert facts.receipt_path == str(Path(sys.prefix) / "share" / "mlstack-ds" / "receipt.json")
+    assert not facts.receipt_exists
+    assert facts.warnings == ()
+
+
+def test_an_empty_root_is_all_unknowns_not_errors(tmp_path: Path) -> None:
+    root = tmp_path / "empty"
+    root.mkdir()
+    facts = collect_facts(this_python_env(), environ={"PATH": ""}, root=root)
+    assert not facts.kfd_exists and not facts.kfd_accessible
+    assert facts.shm_bytes is None and facts.kernel_cmdline is None and facts.iommu_enabled is None
+    assert facts.kfd_native_archs == () and not facts.libaio_headers
+    assert facts.cxx_compiler is None and facts.tools["ninja"] is None and facts.tools["hipcc"] is None
+
+
+def test_tools_are_found_on_path_and_hipcc_under_rocm_path(tmp_path: Path) -> None:
+    bin_dir, rocm = tmp_path / "bin", tmp_path / "rocm"
+    for exe in (bin_dir / "g++", bin_dir / "ninja", rocm / "bin" / "hipcc"):
+        write(exe, "#!/bin/sh\n").chmod(0o755)
+    write(rocm / ".info" / "version", "6.2.4-120\n")
+    environ = {"PATH": str(bin_dir), "ROCM_PATH": str(rocm)}
+    facts = collect_facts(this_python_env(), environ=environ, root=fake_root(tmp_path))
+    assert facts.cxx_compiler == str(bin_dir / "g++")
+    assert facts.tools["hipcc"] == str(rocm / "bin" / "hipcc")
+    assert facts.rocm_home == str(rocm)
+    assert facts.rocm_info_version_file
+
+
+def test_libaio_headers_found_through_cpath(tmp_path: Path) -> None:
+    include = tmp_path / "aio" / "include"
+    write(include / "libaio.h")
+    environ = {"PATH": "", "CPATH": str(include)}
+    facts = collect_facts(this_python_env(), environ=environ, root=fake_root(tmp_path))
+    assert facts.libaio_headers
+
+
+def test_deepspeed_build_record_and_receipt(tmp_path: Path) -> None:
+    """A real (pip-less) venv as the target: its prefix holds the receipt, its site-packages DeepSpeed."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = tmp_path / "site-packages"
+    write(site / "deepspeed" / "git_version_info_installed.py", GIT_VERSION_INFO)
+    write(venv / "share" / "mlstack-ds" / "receipt.json", "{}")
+    env = make_env(deepspeed=DeepSpeedInfo("0.19.5", str(site)))
+    env = type(env)(**{**env.__dict__, "python": PythonInfo(str(venv / "bin" / "python"), "3")})
+    facts = collect_facts(env, environ={"PATH": ""}, root=fake_root(tmp_path))
+    assert facts.target_prefix == str(venv)
+    assert facts.receipt_exists
+    build = facts.ds_build
+    assert build is not None
+    assert build.version == "0.19.5"
+    assert build.prebuilt_ops == ["cpu_adam"]
+    assert (build.torch_version, build.hip_version, build.accelerator) == ("2.5", "6.2", "cuda")
+
+
+def test_missing_build_record_is_a_warning(tmp_path: Path) -> None:
+    env = this_python_env(DeepSpeedInfo("0.19.5", str(tmp_path / "nowhere")))
+    facts = collect_facts(env, environ={"PATH": ""}, root=fake_root(tmp_path))
+    assert facts.ds_build is None
+    assert any("git_version_info_installed.py not found" in w for w in facts.warnings)
+
+
+def test_git_version_info_is_read_without_executing_it() -> None:
+    values = parse_git_version_info("import os\nos.system('false')\nversion='1.0'\nx = os.getcwd()\n")
+    assert values == {"version": "1.0"}
+    assert parse_git_version_info("this is not python(") == {}
+
+
+def test_gfx_target_version_decoding() -> None:
+    assert parse_gfx_target_version("gfx_target_version 90010\n") == "gfx90a"
+    assert parse_gfx_target_version("gfx_target_version 100300\n") == "gfx1030"
+    assert parse_gfx_target_version("gfx_target_version 120001\n") == "gfx1201"
+    assert parse_gfx_target_version("gfx_target_version 0\n") is None
+    assert parse_gfx_target_version("junk") is None
+    assert kfd_native_archs(Path("/nonexistent")) == ()
+
+
+def test_a_broken_target_interpreter_becomes_a_warning(tmp_path: Path) -> None:
+    script = "#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 1\n"
+    broken = write(tmp_path / "python", script)
+    broken.chmod(0o755)
+    target = probe_target_python(broken, {"PATH": ""})
+    assert (target.include_dir, target.prefix, target.nvidia_packages) == (None, None, ())
+    assert "exited with 1" in target.warnings[0]
+    assert "init_fs_encoding" in target.warnings[0]

@@ -1,0 +1,103 @@
+"""Log rules: the quoted real error texts (tests/fixtures/doctor-logs) and real ds_report captures
+are recognised; clean or unrelated logs are not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mlstack_ds.doctor.logs import match_log
+from mlstack_ds.doctor.rules import RULES
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+LOGS = FIXTURES / "doctor-logs"
+REAL = FIXTURES / "real"
+LUMI_DS_REPORT = REAL / "ds_report_rocm-6.0_torch-2.3.1_ds-0.14.0_lumi-container.txt"
+CUDA_DS_REPORT = REAL / "ds_report_cuda-12.8_torch-2.7.0_ds-0.17.2_cotainr-container.txt"
+
+# log file -> the rule that must recognise it
+LOG_CASES: dict[str, str] = {
+    "mask-64bit_ds-7565.txt": "MLS-LOG-001",
+    "cuda-runtime-api_ds-3304.txt": "MLS-LOG-002",
+    "oneapi-ccl_rocm-sdk-builder-8.txt": "MLS-LOG-003",
+    "hipify-kwarg_ds-1816.txt": "MLS-LOG-005",
+    "cublas-gemmalgo_ds-6795.txt": "MLS-LOG-006",
+    "cuda-home_ds-3091.txt": "MLS-LOG-007",
+    "thread-block-tile-64_ds-4552.txt": "MLS-DS-005",
+    "hip-version-mismatch_builder-py.txt": "MLS-DS-002",
+    "pytorch-version-mismatch_deepspeed-windows-4.txt": "MLS-DS-002",
+    "could-not-detect-rocm_ds-3715.txt": "MLS-ROCM-003",
+    "version-dev-missing_ds-2080.txt": "MLS-ROCM-003",
+    "no-binary-for-gpu_rocm-2061.txt": "MLS-ARCH-001",
+    "invalid-device-function_rocm-3207.txt": "MLS-ARCH-001",
+    "tensile-library_pytorch-96964.txt": "MLS-ARCH-001",
+    "rccl-iommu_vllm-390.txt": "MLS-NET-001",
+    "shm-too-small_env-report.txt": "MLS-SYS-001",
+}
+# Rules whose texts come from the real ds_report capture rather than from a quote file.
+FROM_DS_REPORT = {"MLS-BUILD-005", "MLS-LOG-004", "MLS-DS-001"}
+
+
+def ids(text: str) -> set[str]:
+    return {f.rule_id for f in match_log(text, RULES)}
+
+
+def test_every_log_rule_is_exercised_by_a_real_text() -> None:
+    with_patterns = {rule.id for rule in RULES if rule.log_patterns}
+    assert set(LOG_CASES.values()) | FROM_DS_REPORT == with_patterns
+
+
+def test_every_quote_file_is_used_and_sourced() -> None:
+    files = {p.name for p in LOGS.glob("*.txt")}
+    assert files == set(LOG_CASES)
+    sources = (LOGS / "SOURCES.md").read_text()
+    assert all(f"`{name}`" in sources for name in files)
+
+
+@pytest.mark.parametrize("name", sorted(LOG_CASES))
+def test_quoted_error_is_recognised(name: str) -> None:
+    text = (LOGS / name).read_text()
+    found = {f.rule_id: f for f in match_log(text, RULES)}
+    rule_id = LOG_CASES[name]
+    assert rule_id in found
+    assert found[rule_id].origin == "log"
+    assert found[rule_id].evidence.startswith("log line 1: ")
+
+
+@pytest.mark.parametrize("name", sorted(LOG_CASES))
+def test_each_quote_matches_only_its_own_rule(name: str) -> None:
+    assert ids((LOGS / name).read_text()) == {LOG_CASES[name]}
+
+
+def test_lumi_rocm_ds_report() -> None:
+    """The real ROCm ds_report: libaio missing, sparse_attn incompatible (info), no prebuilt ops."""
+    findings = {f.rule_id: f for f in match_log(LUMI_DS_REPORT.read_text(), RULES)}
+    assert set(findings) == FROM_DS_REPORT
+    assert findings["MLS-LOG-004"].severity == "info"
+    assert findings["MLS-BUILD-005"].severity == "info"
+    expected = "log line 47: deepspeed wheel compiled w. ...... torch 0.0, hip 0.0"
+    assert findings["MLS-DS-001"].evidence == expected
+
+
+def test_cuda_ds_report_has_no_rocm_findings() -> None:
+    """The CUDA capture shares the libaio warning but was built with torch 2.7 and has no ROCm lines."""
+    assert ids(CUDA_DS_REPORT.read_text()) == {"MLS-BUILD-005"}
+
+
+def test_ds_report_with_prebuilt_ops_is_not_flagged() -> None:
+    text = (REAL / "ds_report-envinfo_rocm-5.1_after-pr-1906.txt").read_text()
+    assert "compiled w. ...... torch 1.10, hip 5.1" in text
+    assert ids(text) == set()
+
+
+def test_repeated_lines_are_counted_and_colour_codes_stripped() -> None:
+    line = "\x1b[93m [WARNING] \x1b[0m sparse_attn is not compatible with ROCM"
+    [finding] = match_log(f"{line}\nother\n{line}\n", RULES)
+    assert finding.evidence == ("log line 1: [WARNING]  sparse_attn is not compatible with ROCM "
+                                "(and 1 more line(s))")
+
+
+def test_a_clean_build_log_has_no_findings() -> None:
+    text = "Successfully built deepspeed\nInstalling collected packages: deepspeed\nSuccessfully installed\n"
+    assert match_log(text, RULES) == []

@@ -1,0 +1,273 @@
+"""Every machine-state rule fires on a replayed machine that has its problem, and stays silent on a
+near miss (and on a healthy machine). GPUs come from real rocminfo captures."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+from doctor_inputs import (
+    APU780M,
+    HIP_60,
+    MI210X4,
+    RX7900,
+    SPOOFED680M,
+    ds_build,
+    gpus_from,
+    healthy_facts,
+    make_env,
+    make_input,
+    rocm_torch,
+)
+
+from mlstack_ds.detect.model import DeepSpeedInfo, GpuAgent, RocmInstall, TorchInfo
+from mlstack_ds.doctor.engine import run_rules
+from mlstack_ds.doctor.model import DoctorInput, Finding
+from mlstack_ds.doctor.rules import RULES, rule_by_id
+
+CUDA_TORCH = TorchInfo("2.7.0+cu128", hip=None, cuda="12.8", arch_list=["sm_90"], device_count=0, devices=[])
+CPU_TORCH = TorchInfo("2.13.0+cpu", hip=None, cuda=None, arch_list=[], device_count=0, devices=[])
+NO_AMD = healthy_facts(kfd_exists=False, kfd_accessible=False, kfd_native_archs=())
+SITE = "/venv/lib/python3.11/site-packages"
+
+
+def ds(version: str = "0.19.5") -> DeepSpeedInfo:
+    return DeepSpeedInfo(version, SITE)
+
+
+def rocm(version: str, source: str = "/opt/rocm/.info/version") -> RocmInstall:
+    return RocmInstall("/opt/rocm", version, source, version)
+
+
+def dgpu_and_igpu() -> list[GpuAgent]:
+    """The RX 7900 XTX capture plus the 780M APU capture's GPU as a second, integrated agent
+    (no single real capture with both was found; this is the layout ROCm/ROCm#2594 describes)."""
+    igpu = gpus_from(APU780M)[0]
+    return [*gpus_from(RX7900), dataclasses.replace(igpu, index=1)]
+
+
+def two_radeons() -> list[GpuAgent]:
+    gpu = gpus_from(RX7900)[0]
+    return [gpu, dataclasses.replace(gpu, index=1)]
+
+
+def spoofed_mi210() -> DoctorInput:
+    """ROCm/legacy-rocm-build#5238: a forgotten HSA_OVERRIDE_GFX_VERSION=10.3.0 on MI210s
+    (KFD still says gfx90a)."""
+    env = make_env(gpus_from(MI210X4, "10.3.0"), env_vars={"HSA_OVERRIDE_GFX_VERSION": "10.3.0"},
+                   rocm=rocm("6.2.4"))
+    return make_input(env, healthy_facts(kfd_native_archs=("gfx90a",) * 4))
+
+
+def spoofed_680m() -> DoctorInput:
+    """ROCm/ROCm#5225: a 680M (natively gfx1035) run as gfx1030."""
+    env = make_env(gpus_from(SPOOFED680M, "10.3.0"), env_vars={"HSA_OVERRIDE_GFX_VERSION": "10.3.0"},
+                   rocm=rocm("5.7.0"))
+    return make_input(env, healthy_facts(kfd_native_archs=("gfx1035",)))
+
+
+def gpu_less_build_host(**env_vars: str) -> DoctorInput:
+    return make_input(make_env(gpus=[], env_vars=env_vars), NO_AMD)
+
+
+# rule id -> a machine that has the problem
+TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
+    "MLS-TORCH-001": lambda: make_input(make_env(torch=None)),
+    "MLS-TORCH-002": lambda: make_input(make_env(torch=CUDA_TORCH),
+                                        healthy_facts(nvidia_packages=("nvidia-cublas-cu12",))),
+    "MLS-TORCH-003": lambda: make_input(make_env(torch=CPU_TORCH)),
+    "MLS-TORCH-004": lambda: make_input(make_env(torch=rocm_torch("2.3.1+rocm6.0", HIP_60))),
+    "MLS-DEV-001": gpu_less_build_host,
+    "MLS-DEV-002": lambda: make_input(make_env(gpus=[]), healthy_facts(kfd_accessible=False)),
+    "MLS-GPU-001": lambda: make_input(make_env(gpus=[])),
+    "MLS-GPU-002": lambda: make_input(make_env(dgpu_and_igpu())),
+    "MLS-ARCH-001": lambda: make_input(make_env(gpus_from(APU780M), rocm=rocm("6.1.1"))),
+    "MLS-ARCH-002": lambda: make_input(make_env(env_vars={"PYTORCH_ROCM_ARCH": "gfx90a;gfx942"})),
+    "MLS-ENV-001": lambda: make_input(make_env(gpus_from(RX7900, "11.0.0"),
+                                              env_vars={"HSA_OVERRIDE_GFX_VERSION": "11.0.0"})),
+    "MLS-ENV-002": spoofed_mi210,
+    "MLS-ENV-003": lambda: make_input(make_env(env_vars={"DS_ACCELERATOR": "rocm"})),
+    "MLS-ENV-004": spoofed_680m,
+    "MLS-ROCM-001": lambda: make_input(make_env(rocm=rocm("5.4.3"))),
+    "MLS-ROCM-002": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("5.6.1"))),
+    "MLS-ROCM-003": lambda: make_input(make_env(torch=rocm_torch("2.6.0a0+git90b83a9")),
+                                       healthy_facts(rocm_info_version_file=False)),
+    "MLS-BUILD-001": lambda: make_input(facts=healthy_facts(tools={"c++": "/usr/bin/c++", "ninja": "/n"})),
+    "MLS-BUILD-002": lambda: make_input(facts=healthy_facts(tools={"c++": "/usr/bin/c++", "hipcc": "/h"})),
+    "MLS-BUILD-003": lambda: make_input(facts=healthy_facts(python_headers=False)),
+    "MLS-BUILD-004": lambda: make_input(facts=healthy_facts(tools={"ninja": "/n", "hipcc": "/h"})),
+    "MLS-BUILD-005": lambda: make_input(facts=healthy_facts(libaio_headers=False)),
+    "MLS-DS-001": lambda: make_input(
+        make_env(torch=rocm_torch("2.3.1+rocm6.0", HIP_60), deepspeed=ds("0.14.0"), rocm=rocm("6.0.2")),
+        healthy_facts(ds_build=ds_build({"async_io": False, "cpu_adam": False}, "0.0", "0.0"))),
+    "MLS-DS-002": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build(hip="6.0"))),
+    "MLS-DS-003": lambda: make_input(make_env(deepspeed=ds()),
+                                     healthy_facts(ds_build=ds_build(), receipt_exists=False)),
+    "MLS-DS-004": lambda: make_input(make_env(deepspeed=ds("0.17.5")), healthy_facts(ds_build=ds_build())),
+    "MLS-DS-005": lambda: make_input(make_env(deepspeed=ds("0.14.0")), healthy_facts(ds_build=ds_build())),
+    "MLS-SYS-001": lambda: make_input(facts=healthy_facts(shm_bytes=64 * 1024**2)),
+    "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**2)),
+    "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4")),
+                                      healthy_facts(kernel_cmdline="ro quiet")),
+}
+
+# rule id -> the closest machine that does NOT have the problem
+SILENT: dict[str, Callable[[], DoctorInput]] = {
+    "MLS-TORCH-001": make_input,
+    "MLS-TORCH-002": lambda: make_input(make_env(gpus=[], torch=CUDA_TORCH), NO_AMD),  # a CUDA box
+    "MLS-TORCH-003": lambda: make_input(make_env(gpus=[], torch=CPU_TORCH), NO_AMD),  # a CPU box
+    "MLS-TORCH-004": lambda: make_input(make_env(torch=rocm_torch("2.3.1+rocm6.0", HIP_60),
+                                                 rocm=rocm("6.0", "torch.version.hip"))),
+    "MLS-DEV-001": lambda: gpu_less_build_host(DS_ACCELERATOR="cuda", PYTORCH_ROCM_ARCH="gfx90a"),
+    "MLS-DEV-002": make_input,
+    "MLS-GPU-001": gpu_less_build_host,  # /dev/kfd missing: MLS-DEV-001 explains it
+    "MLS-GPU-002": lambda: make_input(make_env(dgpu_and_igpu(), env_vars={"HIP_VISIBLE_DEVICES": "0"})),
+    "MLS-ARCH-001": make_input,
+    "MLS-ARCH-002": lambda: make_input(make_env(env_vars={"PYTORCH_ROCM_ARCH": "gfx1100;gfx90a"})),
+    "MLS-ENV-001": spoofed_680m,  # the override is needed there: gfx1035 is not supported natively
+    "MLS-ENV-002": spoofed_680m,  # same family, same wave size
+    "MLS-ENV-003": lambda: make_input(make_env(env_vars={"DS_ACCELERATOR": "cuda"})),
+    "MLS-ENV-004": spoofed_mi210,  # MLS-ENV-002 speaks instead
+    "MLS-ROCM-001": lambda: make_input(make_env(rocm=rocm("5.5.0"))),
+    "MLS-ROCM-002": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("5.7.1"))),
+    "MLS-ROCM-003": lambda: make_input(facts=healthy_facts(rocm_info_version_file=False)),  # +rocm6.2 suffix
+    "MLS-BUILD-001": lambda: make_input(make_env(gpus=[], torch=CPU_TORCH),
+                                        dataclasses.replace(NO_AMD, tools={"c++": "/c++", "ninja": "/n"})),
+    "MLS-BUILD-002": make_input,
+    "MLS-BUILD-003": make_input,
+    "MLS-BUILD-004": lambda: make_input(facts=healthy_facts(tools={"clang++": "/usr/bin/clang++",
+                                                                   "ninja": "/n", "hipcc": "/h"})),
+    "MLS-BUILD-005": make_input,
+    "MLS-DS-001": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
+    "MLS-DS-002": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
+    "MLS-DS-003": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
+    "MLS-DS-004": lambda: make_input(make_env(deepspeed=ds("0.17.6")), healthy_facts(ds_build=ds_build())),
+    "MLS-DS-005": lambda: make_input(make_env(gpus_from(MI210X4), deepspeed=ds("0.14.0")),
+                                     healthy_facts(ds_build=ds_build())),  # wave64
+    "MLS-SYS-001": make_input,
+    "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**3)),
+    "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4"))),  # iommu=pt
+}
+
+
+def findings_of(inp: DoctorInput) -> dict[str, Finding]:
+    return {f.rule_id: f for f in run_rules(inp)}
+
+
+def test_every_machine_state_rule_has_a_trigger_and_a_silent_case() -> None:
+    checked = {rule.id for rule in RULES if rule.check is not None}
+    assert set(TRIGGERS) == checked
+    assert set(SILENT) == checked
+
+
+def test_a_healthy_rocm_workstation_has_no_findings() -> None:
+    assert run_rules(make_input()) == []
+    with_ds = make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build()))
+    assert run_rules(with_ds) == []
+
+
+@pytest.mark.parametrize("rule_id", sorted(TRIGGERS))
+def test_rule_fires(rule_id: str) -> None:
+    found = findings_of(TRIGGERS[rule_id]())
+    assert rule_id in found, f"{rule_id} did not fire; got {sorted(found)}"
+    finding = found[rule_id]
+    rule = rule_by_id(rule_id)
+    assert finding.title == rule.title
+    assert finding.evidence
+    assert finding.fix
+    assert finding.docs == f"docs/troubleshooting.md#{rule_id.lower()}"
+
+
+@pytest.mark.parametrize("rule_id", sorted(SILENT))
+def test_rule_stays_silent(rule_id: str) -> None:
+    assert rule_id not in findings_of(SILENT[rule_id]())
+
+
+def test_cuda_torch_finding_names_the_nvidia_wheels_and_removes_them() -> None:
+    finding = findings_of(TRIGGERS["MLS-TORCH-002"]())["MLS-TORCH-002"]
+    assert "nvidia-cublas-cu12" in finding.evidence
+    assert "pip uninstall -y nvidia-cublas-cu12" in finding.fix
+    assert any("download.pytorch.org/whl/rocm6.2" in step for step in finding.fix)
+
+
+def test_igpu_fix_keeps_the_discrete_gpu_visible() -> None:
+    finding = findings_of(TRIGGERS["MLS-GPU-002"]())["MLS-GPU-002"]
+    assert "gfx1103" in finding.evidence
+    assert "export HIP_VISIBLE_DEVICES=0" in finding.fix
+
+
+def test_arch_rules_name_the_missing_target() -> None:
+    assert "gfx1103" in findings_of(TRIGGERS["MLS-ARCH-001"]())["MLS-ARCH-001"].evidence
+    arch = findings_of(TRIGGERS["MLS-ARCH-002"]())["MLS-ARCH-002"]
+    assert "gfx1100" in arch.evidence
+    assert 'export PYTORCH_ROCM_ARCH="gfx1100;gfx90a;gfx942"' in arch.fix
+
+
+def test_override_on_mi210_is_an_error_naming_both_families() -> None:
+    finding = findings_of(spoofed_mi210())["MLS-ENV-002"]
+    assert finding.severity == "error"
+    assert "gfx1030 (RDNA2, wave32)" in finding.evidence
+    assert "gfx90a (CDNA2, wave64)" in finding.evidence
+
+
+def test_unparseable_override_is_reported() -> None:
+    inp = make_input(make_env(env_vars={"HSA_OVERRIDE_GFX_VERSION": "gfx1030"}))
+    assert "not a <major>.<minor>.<stepping>" in findings_of(inp)["MLS-ENV-002"].evidence
+
+
+def test_ds_accelerator_rocm_raises_value_error_but_cpu_only_misroutes() -> None:
+    assert "ValueError" in findings_of(TRIGGERS["MLS-ENV-003"]())["MLS-ENV-003"].evidence
+    cpu = findings_of(make_input(make_env(env_vars={"DS_ACCELERATOR": "cpu"})))["MLS-ENV-003"]
+    assert "cpu accelerator" in cpu.evidence
+
+
+def test_rocm_too_old_names_the_needed_release() -> None:
+    finding = findings_of(TRIGGERS["MLS-ROCM-001"]())["MLS-ROCM-001"]
+    assert "gfx1100 needs ROCm >= 5.5" in finding.evidence
+    assert finding.fix == ("install ROCm >= 5.5 and a torch built for it",)
+
+
+def test_recipe_minimum_is_a_parameter() -> None:
+    assert "MLS-ROCM-002" not in findings_of(make_input())
+    assert "needs >= 6.3" in findings_of(make_input(min_rocm="6.3"))["MLS-ROCM-002"].evidence
+
+
+def test_libaio_is_info_unless_nvme_offload_is_configured() -> None:
+    inp = TRIGGERS["MLS-BUILD-005"]()
+    assert findings_of(inp)["MLS-BUILD-005"].severity == "info"
+    nvme = dataclasses.replace(inp, nvme_offload=True)
+    assert findings_of(nvme)["MLS-BUILD-005"].severity == "error"
+
+
+def test_ds_version_mismatch_names_both_hip_versions() -> None:
+    finding = findings_of(TRIGGERS["MLS-DS-002"]())["MLS-DS-002"]
+    assert "ops built with HIP 6.0, torch's HIP is 6.2" in finding.evidence
+
+
+def test_p2p_hint_only_for_radeon() -> None:
+    mi210 = findings_of(TRIGGERS["MLS-NET-001"]())["MLS-NET-001"]
+    assert not any("NCCL_P2P_DISABLE" in step for step in mi210.fix)
+    radeons = make_input(make_env(two_radeons()), healthy_facts(kernel_cmdline="ro quiet"))
+    assert any("NCCL_P2P_DISABLE=1" in step for step in findings_of(radeons)["MLS-NET-001"].fix)
+    iommu_off = make_input(make_env(two_radeons()), healthy_facts(kernel_cmdline="ro", iommu_enabled=False))
+    assert "MLS-NET-001" not in findings_of(iommu_off)
+
+
+def test_findings_are_sorted_errors_first() -> None:
+    inp = make_input(make_env(torch=CPU_TORCH), healthy_facts(libaio_headers=False, shm_bytes=1024))
+    severities = [f.severity for f in run_rules(inp)]
+    assert severities == sorted(severities, key=["error", "warning", "info"].index)
+    assert severities[0] == "error" and severities[-1] == "info"
+
+
+def test_gfx1201_before_rocm_6_4_is_too_old() -> None:
+    """The issue's example: RDNA4 (RX 9070, gfx1201) needs ROCm 6.4."""
+    gpu = dataclasses.replace(gpus_from(RX7900)[0], arch="gfx1201", target_id="gfx1201", family="RDNA4")
+    assert "gfx1201 needs ROCm >= 6.4" in findings_of(make_input(make_env([gpu])))["MLS-ROCM-001"].evidence
+    assert "MLS-ROCM-001" not in findings_of(make_input(make_env([gpu], rocm=rocm("6.4.1"))))
+
+
+def test_unknown_python_include_dir_is_not_reported_as_missing_headers() -> None:
+    facts = healthy_facts(python_headers=False, python_include=None)
+    assert "MLS-BUILD-003" not in findings_of(make_input(facts=facts))

@@ -1,0 +1,171 @@
+"""The build plan, table-driven over replayed machines (real captures -> detect -> plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from fakemachine import REAL, FakeMachine
+
+from mlstack_ds.detect import detect
+from mlstack_ds.detect.environment import decide_platform
+from mlstack_ds.detect.model import Environment, TorchInfo
+from mlstack_ds.errors import EnvironmentProblem, UsageError
+from mlstack_ds.plan import PatchRef, PlanOptions, make_plan
+from mlstack_ds.recipe import find_recipe
+from mlstack_ds.targets import parse_arch_option
+from mlstack_ds.toolchain import Toolchain
+
+ROCM_TORCH = TorchInfo("2.6.0+rocm6.2.4", "6.2.41134-65d174c3e", None, ["gfx90a", "gfx1100"], 1, [])
+CUDA_TORCH = TorchInfo("2.7.0+cu128", None, "12.8", ["sm_90"], 1, [])
+CPU_TORCH = TorchInfo("2.13.0+cpu", None, None, [], 0, [])
+FULL_TOOLCHAIN = Toolchain(cxx="/usr/bin/c++", hipcc="/opt/rocm/bin/hipcc", nvcc="/usr/local/cuda/bin/nvcc",
+                           ninja="/usr/bin/ninja", ccache_dir=None, libaio_headers=True, python_headers=True)
+PATCHES = [PatchRef("0001-x.patch", "a" * 64)]
+
+
+def machine(fake: FakeMachine, bare_python: Path, rocminfo: str | None, torch: TorchInfo | None,
+            rocm_version: str | None = "6.2.4", **env: str) -> Environment:
+    if rocminfo:
+        fake.tool("rocminfo", text=rocminfo if "\n" in rocminfo else (REAL / rocminfo).read_text())
+    if rocm_version:
+        fake.rocm_root({".info/version": f"{rocm_version}-1\n"})
+    fake.extra_env.update(env)
+    environment = detect(environ=fake.environ(), python=bare_python)
+    # A ROCm or CUDA torch cannot exist on this machine: its facts are faked here, and the platform
+    # decided again from them exactly as detect does.
+    amd = [g for g in environment.gpus if g.vendor == "amd"]
+    nvidia = [g for g in environment.gpus if g.vendor == "nvidia"]
+    platform = decide_platform(amd, nvidia, torch, rocm_found=environment.rocm is not None)
+    return dataclasses.replace(environment, torch=torch, platform=platform)
+
+
+def plan_for(environment: Environment, archs: str | None = None, toolchain: Toolchain = FULL_TOOLCHAIN):
+    options = PlanOptions(archs=parse_arch_option(archs) if archs else None, jobs=4)
+    return make_plan(environment, find_recipe("deepspeed-0.19.5"), toolchain, PATCHES, options)
+
+
+def test_rx_7900_xtx(fake_machine, bare_python) -> None:
+    plan = plan_for(machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH))
+    assert (plan.platform, plan.archs, plan.wavefront) == ("rocm", ("gfx1100",), 32)
+    assert plan.env["DS_ACCELERATOR"] == "cuda"  # never "rocm": DeepSpeed raises ValueError on it
+    assert plan.env["PYTORCH_ROCM_ARCH"] == "gfx1100" and plan.env["DS_BUILD_OPS"] == "0"
+    assert plan.env["DS_BUILD_FUSED_ADAM"] == "1" and plan.env["DS_BUILD_SPARSE_ATTN"] == "0"
+    assert plan.env["MAX_JOBS"] == "4" and plan.env["ROCM_HOME"].endswith("rocm")
+    assert {"fused_adam", "fused_lamb", "cpu_adam", "async_io"} <= set(plan.built_ops)
+    assert not {"sparse_attn", "evoformer_attn", "gds", "fp_quantizer"} & set(plan.built_ops)
+
+
+def test_four_mi210_build_one_target(fake_machine, bare_python) -> None:
+    plan = plan_for(machine(fake_machine, bare_python, "rocminfo_gfx90a_4xMI210_rocm-issue-4563.txt", ROCM_TORCH))
+    assert (plan.archs, plan.wavefront, plan.env["PYTORCH_ROCM_ARCH"]) == (("gfx90a",), 64, "gfx90a")
+
+
+def test_dgpu_plus_igpu_excludes_the_igpu(fake_machine, bare_python) -> None:
+    dgpu = (REAL / "rocminfo_gfx1100_rocm-issue-3949.txt").read_text()
+    apu = (REAL / "rocminfo_gfx1103-apu-780M_rocm-issue-3207.txt").read_text()
+    both = dgpu + "*******\nAgent 3" + apu.split("Agent 2", 1)[1]
+    plan = plan_for(machine(fake_machine, bare_python, both, ROCM_TORCH))
+    assert plan.archs == ("gfx1100",)
+    assert any("gfx1103 left out" in note for note in plan.notes)
+
+
+def test_apu_only_builds_for_the_apu(fake_machine, bare_python) -> None:
+    plan = plan_for(machine(fake_machine, bare_python, "rocminfo_gfx1103-apu-780M_rocm-issue-3207.txt", ROCM_TORCH))
+    assert plan.archs == ("gfx1103",)
+
+
+def test_hsa_override_builds_the_spoofed_target(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python,
+                          "rocminfo_680M-igpu_HSA_OVERRIDE-10.3.0-reports-gfx1030_rocm-issue-5225.txt", ROCM_TORCH,
+                          HSA_OVERRIDE_GFX_VERSION="10.3.0")
+    plan = plan_for(environment)
+    assert plan.archs == ("gfx1030",)
+    assert any("HSA_OVERRIDE_GFX_VERSION" in note for note in plan.notes)
+
+
+def test_no_gpu_visible_needs_arch(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, None, ROCM_TORCH)
+    assert environment.platform == "rocm"  # a ROCm build host: ROCm + ROCm torch, no GPU
+    with pytest.raises(EnvironmentProblem, match="no AMD GPU visible"):
+        plan_for(environment)
+    plan = plan_for(environment, archs="gfx942,gfx90a")
+    assert (plan.archs, plan.wavefront) == (("gfx942", "gfx90a"), 64)
+
+
+def test_mixed_wave_sizes_refused(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH)
+    with pytest.raises(UsageError, match="mix wave32 and wave64") as info:
+        plan_for(environment, archs="gfx1100,gfx90a")
+    assert "--arch gfx1100" in info.value.hint
+
+
+def test_unknown_arch_refused() -> None:
+    with pytest.raises(UsageError, match="gfx9999: unknown GPU target"):
+        parse_arch_option("gfx9999")
+    assert parse_arch_option("gfx90a:sramecc+:xnack-; gfx942 gfx90a") == ("gfx90a", "gfx942")
+
+
+@pytest.mark.parametrize(("torch", "message"), [
+    (None, "PyTorch is not installed"),
+    (CUDA_TORCH, "AMD GPU machine but .* has a CUDA PyTorch"),
+    (CPU_TORCH, "AMD GPU machine but .* has a CPU PyTorch"),
+])
+def test_wrong_or_missing_torch_refused(fake_machine, bare_python, torch, message) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", torch)
+    with pytest.raises(EnvironmentProblem, match=message) as info:
+        plan_for(environment)
+    assert "download.pytorch.org/whl/rocm6.2" in info.value.hint or torch is CPU_TORCH or torch is CUDA_TORCH
+
+
+def test_rocm_older_than_recipe_refused(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1030_rocm-issue-2773.txt", ROCM_TORCH,
+                          rocm_version="5.4.3")
+    with pytest.raises(EnvironmentProblem, match=r"ROCm 5.4.3 is older than this recipe supports \(ROCm >= 5.7\)"):
+        plan_for(environment)
+
+
+@pytest.mark.parametrize(("missing", "message"), [
+    ({"hipcc": None}, "hipcc not found"), ({"cxx": None}, "no C\\+\\+ compiler"),
+    ({"python_headers": False}, "Python headers"),
+])
+def test_missing_build_tools_refused(fake_machine, bare_python, missing, message) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH)
+    with pytest.raises(EnvironmentProblem, match=message):
+        plan_for(environment, toolchain=dataclasses.replace(FULL_TOOLCHAIN, **missing))
+
+
+def test_no_libaio_skips_async_io_with_reason(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH)
+    plan = plan_for(environment, toolchain=dataclasses.replace(FULL_TOOLCHAIN, libaio_headers=False))
+    (aio,) = [op for op in plan.ops if op.name == "async_io"]
+    assert not aio.build and "libaio-dev" in aio.reason and plan.env["DS_BUILD_AIO"] == "0"
+
+
+def test_cpu_machine(fake_machine, bare_python) -> None:
+    plan = plan_for(machine(fake_machine, bare_python, None, CPU_TORCH, rocm_version=None))
+    assert (plan.platform, plan.accelerator, plan.archs) == ("cpu", "cpu", ())
+    assert set(plan.built_ops) == {"cpu_adam", "fused_adam", "deepspeed_shm_comm"}
+    assert "PYTORCH_ROCM_ARCH" not in plan.env
+    with pytest.raises(UsageError, match="--arch applies to ROCm"):
+        plan_for(machine(fake_machine, bare_python, None, CPU_TORCH, rocm_version=None), archs="gfx90a")
+
+
+def test_cuda_machine(fake_machine, bare_python) -> None:
+    fake_machine.tool("nvidia-smi", text="NVIDIA H100 80GB HBM3, 9.0, 81559\n")
+    plan = plan_for(machine(fake_machine, bare_python, None, CUDA_TORCH, rocm_version=None))
+    assert (plan.platform, plan.env["TORCH_CUDA_ARCH_LIST"], plan.env["DS_ACCELERATOR"]) == ("cuda", "9.0", "cuda")
+
+
+def test_cache_key_tracks_what_changes_the_wheel(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH)
+    recipe = find_recipe("deepspeed-0.19.5")
+    key = make_plan(environment, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions(jobs=2)).cache_key
+    assert key == make_plan(environment, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions(jobs=8)).cache_key
+    other_patches = [PatchRef("0001-x.patch", "b" * 64)]
+    assert key != make_plan(environment, recipe, FULL_TOOLCHAIN, other_patches, PlanOptions()).cache_key
+    assert key != make_plan(environment, recipe, FULL_TOOLCHAIN, PATCHES,
+                            PlanOptions(archs=("gfx1101",))).cache_key
+    newer_torch = dataclasses.replace(environment, torch=dataclasses.replace(ROCM_TORCH, version="2.7.0+rocm6.3"))
+    assert key != make_plan(newer_torch, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions()).cache_key
