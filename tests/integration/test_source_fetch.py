@@ -184,6 +184,23 @@ def test_git_checkout_without_the_pinned_commit_is_refused(git_source_repo, tmp_
     nothing_left(tmp_path / "cache", tmp_path / "ds")
 
 
+def test_git_checkout_with_the_pinned_commit_is_cloned_at_that_commit(git_source_repo, tmp_path: Path) -> None:
+    # A site recipe pinning the mirror's commit (recipes may be given by path: --recipe FILE).
+    shipped = find_recipe().path.read_text()
+    custom = tmp_path / "recipes" / "site.toml"
+    custom.parent.mkdir()
+    custom.write_text(shipped.replace(PINNED_UPSTREAM_COMMIT, git_source_repo.commit))
+    recipe = find_recipe(custom)
+    (git_source_repo.path / "AFTER_THE_TAG.txt").write_text("an uncommitted local edit\n")
+    try:
+        tree = fetch_source(recipe, parse_source_spec(str(git_source_repo.path)), tmp_path / "c", tmp_path / "ds")
+    finally:
+        subprocess.run(["git", "checkout", "-q", "--", "AFTER_THE_TAG.txt"], cwd=git_source_repo.path, check=True)
+    assert tree.kind == "path" and tree.commit == git_source_repo.commit
+    assert_clean_pinned_tree(tree.path, git_source_repo.commit)
+    assert not (tree.path / "AFTER_THE_TAG.txt").exists()  # the pinned commit, not the checkout's tip
+
+
 def test_sdist_file_with_wrong_hash_is_refused(deepspeed_sdist: Path, tmp_path: Path) -> None:
     with pytest.raises(FetchError, match="sha256 mismatch"):
         fetch_source(find_recipe(), parse_source_spec(str(deepspeed_sdist), sha256="1" * 64), tmp_path / "c",
