@@ -58,6 +58,8 @@ class Recipe:
     git: GitPin
     sdist: SdistPin
     series_path: Path
+    # Top-level dir -> copy of it that some sources ship as real files (see [patches] mirrors).
+    patch_mirrors: Mapping[str, str]
     platforms: Mapping[str, Mapping[str, Any]]
 
     @property
@@ -131,11 +133,21 @@ def parse_recipe(data: Mapping[str, Any], path: Path) -> Recipe:
         raise sdist.error("sha256", f"{sha256!r} is not 64 lowercase hex characters")
 
     patches = top.table("patches")
-    patches.only({"series"})
+    patches.only({"series", "mirrors"})
     series = patches.get("series", str)
     series_rel = Path(series)
     if series_rel.is_absolute() or ".." in series_rel.parts:
         raise patches.error("series", f"{series!r} must be a relative path inside the data directory")
+    mirrors: dict[str, str] = {}
+    if "mirrors" in patches.data:
+        table = patches.table("mirrors")
+        for source_dir in table.data:
+            target = table.get(source_dir, str)
+            for rel in (source_dir, target):
+                parts = Path(rel).parts
+                if Path(rel).is_absolute() or ".." in parts or not parts:
+                    raise table.error(source_dir, f"{rel!r} must be a relative path inside the tree")
+            mirrors[source_dir] = target
 
     platforms: dict[str, Mapping[str, Any]] = {}
     if "platforms" in data:
@@ -154,6 +166,7 @@ def parse_recipe(data: Mapping[str, Any], path: Path) -> Recipe:
         sdist=SdistPin(filename=sdist.get("filename", str), sha256=sha256),
         # recipes/ and patches/ are siblings both in a checkout and in the wheel's _data/.
         series_path=path.resolve().parent.parent / series_rel,
+        patch_mirrors=MappingProxyType(mirrors),
         platforms=MappingProxyType(platforms),
     )
 

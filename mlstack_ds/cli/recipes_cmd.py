@@ -23,6 +23,7 @@ def recipe_document(recipe: Recipe) -> dict[str, Any]:
         "git": {"url": recipe.git.url, "tag": recipe.git.tag, "commit": recipe.git.commit},
         "sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
         "series": str(recipe.series_path),
+        "patch_mirrors": dict(recipe.patch_mirrors),
         "platforms": {name: dict(table) for name, table in recipe.platforms.items()},
     }
 

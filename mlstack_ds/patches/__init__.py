@@ -24,7 +24,8 @@ from mlstack_ds.recipe import Recipe
 
 def series_for_recipe(recipe: Recipe, series_file: Path | None = None) -> Series:
     """The recipe's series, or the one at `series_file` when given (--series)."""
-    return load_series(series_file if series_file is not None else recipe.series_path)
+    return load_series(series_file if series_file is not None else recipe.series_path,
+                       mirrors=recipe.patch_mirrors)
 
 
 __all__ = [

@@ -21,6 +21,7 @@ from pathlib import Path
 from unidiff import PatchSet
 
 from mlstack_ds.errors import PatchError
+from mlstack_ds.patches.mirror import Applicable, applicable_series, file_diff_text
 from mlstack_ds.patches.series import PatchFile, Series
 from mlstack_ds.source.gitrepo import PRISTINE_REF, git, is_git_worktree, rev_parse
 
@@ -103,46 +104,51 @@ def check_series(tree: Path, series: Series) -> SeriesCheck:
     a later one builds on is still recognised. Anything else conflicts, with the failing hunks named.
     """
     tree = _existing_dir(tree)
-    forward, _ = _forward_pass(tree, series, diagnose=frozenset())
-    applied = _reverse_pass(tree, series) if not all(forward) else set()
+    with applicable_series(tree, series) as items:
+        return _check(tree, items)
+
+
+def _check(tree: Path, items: tuple[Applicable, ...]) -> SeriesCheck:
+    forward, _ = _forward_pass(tree, items, diagnose=frozenset())
+    applied = _reverse_pass(tree, items) if not all(forward) else set()
     broken = frozenset(i for i, ok in enumerate(forward) if not ok and i not in applied)
-    diagnoses = _forward_pass(tree, series, diagnose=broken)[1] if broken else {}
+    diagnoses = _forward_pass(tree, items, diagnose=broken)[1] if broken else {}
     results = []
-    for index, patch in enumerate(series.patches):
+    for index, item in enumerate(items):
         if forward[index]:
             state, conflicts = PatchState.APPLIES, ()
         elif index in applied:
             state, conflicts = PatchState.ALREADY_APPLIED, ()
         else:
             state, conflicts = PatchState.CONFLICTS, diagnoses[index]
-        results.append(PatchCheck(patch.name, patch.subject, state, conflicts))
+        results.append(PatchCheck(item.patch.name, item.patch.subject, state, conflicts))
     return SeriesCheck(tree=tree, results=tuple(results))
 
 
-def _forward_pass(tree: Path, series: Series, diagnose: frozenset[int]
+def _forward_pass(tree: Path, items: tuple[Applicable, ...], diagnose: frozenset[int]
                   ) -> tuple[list[bool], dict[int, tuple[Conflict, ...]]]:
     """Which patches apply in order (each on top of the earlier ones that do); why `diagnose` ones fail."""
     applies: list[bool] = []
     diagnoses: dict[int, tuple[Conflict, ...]] = {}
-    with _scratch_index(tree, series) as scratch:
-        for index, patch in enumerate(series.patches):
-            ok, errors = _git_apply_cached(scratch, patch.path, "--check")
+    with _scratch_index(tree, items) as scratch:
+        for index, item in enumerate(items):
+            ok, errors = _git_apply_cached(scratch, item.path, "--check")
             if ok:
-                _git_apply_cached(scratch, patch.path)  # later patches are checked on top of this one
+                _git_apply_cached(scratch, item.path)  # later patches are checked on top of this one
             elif index in diagnose:
-                diagnoses[index] = _diagnose(scratch, patch, errors)
+                diagnoses[index] = _diagnose(scratch, item, errors)
             applies.append(ok)
     return applies, diagnoses
 
 
-def _reverse_pass(tree: Path, series: Series) -> set[int]:
+def _reverse_pass(tree: Path, items: tuple[Applicable, ...]) -> set[int]:
     """Indexes of patches already in the tree: walking backwards, each one that reverse-applies is undone."""
     applied: set[int] = set()
-    with _scratch_index(tree, series) as scratch:
-        for index in reversed(range(len(series.patches))):
-            patch = series.patches[index]
-            if _git_apply_cached(scratch, patch.path, "--check", "--reverse")[0]:
-                _git_apply_cached(scratch, patch.path, "--reverse")
+    with _scratch_index(tree, items) as scratch:
+        for index in reversed(range(len(items))):
+            path = items[index].path
+            if _git_apply_cached(scratch, path, "--check", "--reverse")[0]:
+                _git_apply_cached(scratch, path, "--reverse")
                 applied.add(index)
     return applied
 
@@ -160,7 +166,12 @@ def apply_series(tree: Path, series: Series) -> AppliedSeries:
         raise PatchError(f"{tree} has uncommitted changes ({changes.splitlines()[0].strip()})",
                          hint="commit or discard them first (git stash / git checkout .)")
     base = rev_parse(tree, "HEAD", PatchError)
-    checked = check_series(tree, series)
+    with applicable_series(tree, series) as items:
+        return _apply(tree, series, items, base)
+
+
+def _apply(tree: Path, series: Series, items: tuple[Applicable, ...], base: str) -> AppliedSeries:
+    checked = _check(tree, items)
     if checked.conflicting:
         raise _conflict_error(tree, checked)
     hashes = tuple((p.name, p.sha256) for p in series.patches)
@@ -173,8 +184,8 @@ def apply_series(tree: Path, series: Series) -> AppliedSeries:
                               "(or fetch a fresh one)")
     commits: list[str] = []
     try:
-        for patch in series.patches:
-            _apply_one(tree, patch)
+        for item in items:
+            _apply_one(tree, item)
             commits.append(rev_parse(tree, "HEAD", PatchError))
     except BaseException:
         git(["reset", "-q", "--hard", base], cwd=tree, error=PatchError, what="rolling back", check=False)
@@ -203,8 +214,9 @@ def commit_message(patch: PatchFile) -> str:
     return f"{patch.subject or patch.name}\n\nmlstack-ds patch {patch.name}\nPatch-sha256: {patch.sha256}\n"
 
 
-def _apply_one(tree: Path, patch: PatchFile) -> None:
-    result = git(["apply", "--index", "--whitespace=nowarn", str(patch.path)], cwd=tree, error=PatchError,
+def _apply_one(tree: Path, item: Applicable) -> None:
+    patch = item.patch
+    result = git(["apply", "--index", "--whitespace=nowarn", str(item.path)], cwd=tree, error=PatchError,
                  what=f"applying {patch.name}", check=False)
     if not result.ok:
         reason = _first_error(result.stderr)
@@ -249,14 +261,14 @@ class _Scratch:
 
 
 @contextlib.contextmanager
-def _scratch_index(tree: Path, series: Series) -> Iterator[_Scratch]:
+def _scratch_index(tree: Path, items: tuple[Applicable, ...]) -> Iterator[_Scratch]:
     """A throw-away git dir + index holding the work-tree files the series touches."""
     with tempfile.TemporaryDirectory(prefix="mlstack-ds-check-") as tmp:
         git_dir = Path(tmp) / "scratch.git"
         git(["init", "-q", "--bare", str(git_dir)], cwd=Path(tmp), error=PatchError, what="git init")
         env = {"GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(tree),
                "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        touched = sorted({f for p in series.patches for f in p.files if os.path.lexists(tree / f)})
+        touched = sorted({f for item in items for f in item.files if os.path.lexists(tree / f)})
         for start in range(0, len(touched), 200):
             git(["add", "-f", "--", *touched[start:start + 200]], cwd=tree, error=PatchError,
                 what=f"reading files from {tree}", env=env)
@@ -269,14 +281,14 @@ def _git_apply_cached(scratch: _Scratch, patch_text_path: Path, *extra: str) -> 
     return result.ok, result.stderr
 
 
-def _diagnose(scratch: _Scratch, patch: PatchFile, errors: str) -> tuple[Conflict, ...]:
+def _diagnose(scratch: _Scratch, item: Applicable, errors: str) -> tuple[Conflict, ...]:
     """Find each failing hunk by checking hunks one at a time; fall back to git's own message."""
     conflicts: list[Conflict] = []
     with tempfile.TemporaryDirectory(prefix="mlstack-ds-hunk-") as tmp:
         hunk_file = Path(tmp) / "hunk.patch"
-        for patched in PatchSet(patch.text):
-            header = "".join(str(line) for line in patched.patch_info)
-            header += f"--- {patched.source_file}\n+++ {patched.target_file}\n"
+        for patched in PatchSet(item.text):
+            diff = file_diff_text(patched)
+            header = diff[: diff.index("\n@@") + 1] if "\n@@" in diff else diff
             for index, hunk in enumerate(patched, start=1):
                 hunk_file.write_text(header + str(hunk), encoding="utf-8")
                 ok, hunk_errors = _git_apply_cached(scratch, hunk_file, "--check")

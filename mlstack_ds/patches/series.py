@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from unidiff import PatchSet
@@ -41,9 +42,13 @@ class PatchFile:
 
 @dataclass(frozen=True)
 class Series:
+    """A loaded series. `mirrors` maps a top-level directory to a copy of it that some trees hold as
+    real files (e.g. the sdist's `deepspeed/ops/csrc`); hunks for the former also go to the latter."""
+
     directory: Path
     series_file: Path
     patches: tuple[PatchFile, ...]
+    mirrors: Mapping[str, str] = field(default_factory=dict)
 
 
 def read_series_names(series_file: Path) -> list[str]:
@@ -61,7 +66,7 @@ def read_series_names(series_file: Path) -> list[str]:
     return names
 
 
-def load_series(series_file: Path) -> Series:
+def load_series(series_file: Path, mirrors: Mapping[str, str] | None = None) -> Series:
     """Read the series file and every patch it names; refuse missing, unsafe or unparsable patches."""
     series_file = Path(os.path.abspath(series_file))  # git later runs inside the tree, not here
     directory = series_file.parent
@@ -79,7 +84,8 @@ def load_series(series_file: Path) -> Series:
             raise PatchError(f"{series_file} names {name}, which does not exist in {directory}",
                              hint="add the patch file or remove it from the series")
         patches.append(parse_patch_file(path))
-    return Series(directory=directory, series_file=series_file, patches=tuple(patches))
+    return Series(directory=directory, series_file=series_file, patches=tuple(patches),
+                  mirrors=dict(mirrors or {}))
 
 
 def parse_patch_file(path: Path) -> PatchFile:

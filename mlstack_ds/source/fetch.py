@@ -107,11 +107,9 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
     elif spec.kind == "pypi":
         sha256 = recipe.sdist.sha256
         from_cache = repo_head(_archive_entry(cache, sha256)) is not None
-        def from_index(into: Path) -> Path:
-            return pip_download_sdist(recipe.package, recipe.requirement, into)
-
         repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: _cached_download(
-            cache, sha256, recipe.sdist.filename, from_index))
+            cache, sha256, recipe.sdist.filename,
+            lambda into: pip_download_sdist(recipe.package, recipe.requirement, into)))
         origin = f"pypi:{recipe.requirement}"
     elif spec.kind == "url":
         assert spec.location is not None

@@ -52,9 +52,8 @@ def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str) -> Path:
                 multi_options=["--no-tags"],
             )
         except gitpython.GitCommandError as exc:
-            stderr = (exc.stderr or "").strip().replace("\n", " | ")
             raise FetchError(
-                f"git clone of {tag} from {url} failed: {stderr[-300:]}",
+                f"git clone of {tag} from {url} failed: {_git_failure(str(exc.stderr or exc))}",
                 hint="check the URL and your network, or use --source pypi / a tarball URL / a local path",
             ) from exc
         found = repo.head.commit.hexsha
@@ -74,3 +73,11 @@ def repo_head(repo_dir: Path) -> str | None:
     result = git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=repo_dir, error=FetchError,
                  what="git rev-parse", check=False)
     return result.stdout.strip() if result.ok else None
+
+
+def _git_failure(stderr: str) -> str:
+    """git's own `fatal:`/`error:` line, without gitpython's `stderr: '...'` wrapping."""
+    text = stderr.strip().removeprefix("stderr:").strip().strip("'").strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    wanted = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
+    return (wanted or lines or ["no output"])[-1][:300]

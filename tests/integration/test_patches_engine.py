@@ -20,6 +20,7 @@ from mlstack_ds.patches import (
     load_series,
     tree_status,
 )
+from mlstack_ds.recipe import find_recipe
 from mlstack_ds.resources import data_dir
 from mlstack_ds.source.gitrepo import FIXED_IDENTITY, PRISTINE_REF
 
@@ -189,6 +190,45 @@ def test_status_of_a_plain_directory_and_of_a_patched_checkout(series: Series, p
     assert status.head != status.pristine and not status.dirty
 
 
+def test_mirrored_copies_are_patched_with_the_original(series: Series, pristine_tree_template: Path,
+                                                       tmp_path: Path) -> None:
+    mirrors = find_recipe().patch_mirrors  # op_builder -> deepspeed/ops/op_builder, csrc -> ...
+    loaded = load_series(series.good, mirrors=mirrors)
+    # The sdist tree holds a real copy of op_builder/ under deepspeed/ops/: both get the hunks.
+    sdist_tree = copy_tree(pristine_tree_template, tmp_path / "sdist")
+    applied = apply_series(sdist_tree, loaded)
+    for builder in ("op_builder/builder.py", "deepspeed/ops/op_builder/builder.py"):
+        assert "# mlstack-ds marker one, refined" in (sdist_tree / builder).read_text(), builder
+    first = git_out(sdist_tree, "show", "--name-only", "--format=", applied.commits[0]).splitlines()
+    assert sorted(first) == ["deepspeed/ops/op_builder/builder.py", "op_builder/builder.py"]
+    assert [r.state for r in check_series(sdist_tree, loaded).results] == [PatchState.ALREADY_APPLIED] * 3
+
+    # A git-tag-like tree has a symlink there instead: the patch is applied once, the link follows it.
+    linked = copy_tree(pristine_tree_template, tmp_path / "linked")
+    shutil.rmtree(linked / "deepspeed/ops/op_builder")
+    (linked / "deepspeed/ops/op_builder").symlink_to("../../op_builder")
+    git_out(linked, "add", "-A")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "symlink"],
+                   cwd=linked, check=True)
+    applied = apply_series(linked, loaded)
+    first = git_out(linked, "show", "--name-only", "--format=", applied.commits[0]).splitlines()
+    assert first == ["op_builder/builder.py"]
+    assert "# mlstack-ds marker one, refined" in (linked / "deepspeed/ops/op_builder/builder.py").read_text()
+
+    # A copy that differs from the original is a conflict, named by the copy's path.
+    drifted = copy_tree(pristine_tree_template, tmp_path / "drifted")
+    copy = drifted / "deepspeed/ops/op_builder/builder.py"
+    lines = copy.read_text().splitlines(keepends=True)
+    del lines[5:20]
+    copy.write_text("".join(lines))
+    git_out(drifted, "add", "-A")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "drift"],
+                   cwd=drifted, check=True)
+    result = check_series(drifted, loaded)
+    assert result.results[0].state is PatchState.CONFLICTS
+    assert [c.file for c in result.results[0].conflicts] == ["deepspeed/ops/op_builder/builder.py"]
+
+
 def shipped_series() -> list[Path]:
     return sorted(data_dir("patches").glob("*/series"))
 
@@ -196,7 +236,7 @@ def shipped_series() -> list[Path]:
 @pytest.mark.parametrize("series_file", shipped_series(), ids=lambda p: p.parent.name)
 def test_shipped_series_applies_to_the_pinned_tree(series_file: Path, pristine_tree_template: Path,
                                                    tmp_path: Path) -> None:
-    loaded = load_series(series_file)
+    loaded = load_series(series_file, mirrors=find_recipe(series_file.parent.name).patch_mirrors)
     check = check_series(pristine_tree_template, loaded)
     expected = [(p.name, PatchState.APPLIES) for p in loaded.patches]
     assert [(r.name, r.state) for r in check.results] == expected

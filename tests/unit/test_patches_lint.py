@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlstack_ds.errors import ExitCode, PatchError
-from mlstack_ds.patches import lint_patch_dir, load_series
+from mlstack_ds.patches import LintProblem, lint_patch, lint_patch_dir, load_series
+from mlstack_ds.patches.series import parse_patch_file, unsafe_path_problem
 from mlstack_ds.resources import data_dir
 
 DESCRIPTION = (
@@ -146,3 +150,20 @@ def test_relative_series_path_gives_absolute_patch_paths(tmp_path: Path, monkeyp
     series = load_series(Path("series-dir/series"))
     assert series.patches[0].path == tmp_path / "series-dir" / "0001-a.patch"
     assert series.series_file.is_absolute()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([*"abc /+-@\n\t:.", "diff --git a/x b/x\n", "--- a/x\n", "+++ b/x\n",
+                                  "--- a/../y\n", "@@ -1,2 +1,2 @@\n", "Subject: s\n", "\\ No newline\n"]),
+                max_size=60).map("".join))
+def test_parsing_junk_raises_only_patch_errors(text: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "0001-junk.patch"
+        path.write_text(text)
+        try:
+            patch = parse_patch_file(path)
+        except PatchError as exc:
+            assert exc.message and exc.exit_code == ExitCode.PATCH
+        else:
+            assert all(unsafe_path_problem(f) is None for f in patch.files)
+        assert all(isinstance(p, LintProblem) for p in lint_patch(path))
