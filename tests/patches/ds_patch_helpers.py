@@ -1,0 +1,40 @@
+"""Helpers for the AMD patch tests: run DeepSpeed from a source tree, fake absent ROCm tools."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from mlstack_ds.runner import RunResult, run
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# ROCm settings of the machine running the tests must not leak into a test's fake machine.
+HOST_ROCM_VARIABLES = {"PYTORCH_ROCM_ARCH", "DS_ROCM_WAVEFRONT_SIZE", "ROCM_PATH", "ROCM_HOME",
+                       "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
+
+
+def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | None = None,
+                       path_prepend: Sequence[Path] = (), timeout: float = 300) -> RunResult:
+    """Run the test interpreter with `args`, importing DeepSpeed from `tree`, on the CPU accelerator."""
+    child_env = {k: v for k, v in os.environ.items() if k not in HOST_ROCM_VARIABLES}
+    child_env.update({
+        "PYTHONPATH": str(tree),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "DS_ACCELERATOR": "cpu",
+        "PATH": os.pathsep.join([*map(str, path_prepend), child_env.get("PATH", "")]),
+    })
+    child_env.update(env or {})
+    return run([sys.executable, *map(str, args)], env=child_env, cwd=tree, timeout=timeout)
+
+
+def fake_tool(directory: Path, name: str, output: str, returncode: int = 0) -> Path:
+    """An executable `name` in `directory` that prints `output` (a real capture) and exits."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / f"{name}.out"
+    data.write_text(output)
+    tool = directory / name
+    tool.write_text(f"#!/bin/sh\ncat '{data}'\nexit {returncode}\n")
+    tool.chmod(0o755)
+    return tool
