@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import pytest
 
 from mlstack_ds.runner import RunResult, run
 
@@ -38,3 +41,32 @@ def fake_tool(directory: Path, name: str, output: str, returncode: int = 0) -> P
     tool.write_text(f"#!/bin/sh\ncat '{data}'\nexit {returncode}\n")
     tool.chmod(0o755)
     return tool
+
+
+HIPCC = shutil.which("hipcc")
+requires_hipcc = pytest.mark.skipif(
+    HIPCC is None, reason="hipcc not installed (scripts/test.sh installs Debian's: apt-get install hipcc)")
+HIPIFY = """
+import sys
+from torch.utils.hipify import hipify_python
+root, sources = sys.argv[1], sys.argv[2:]
+result = hipify_python.hipify(project_directory=root, output_directory=root, includes=[root + "/*"],
+                              extra_files=sources, header_include_dirs=[root], show_detailed=False,
+                              is_pytorch_extension=True, hipify_extra_files_only=True, show_progress=False)
+"""
+
+
+def hipify(root: Path, sources: Sequence[Path]) -> None:
+    """Hipify `sources` and the headers they include under `root` in place, with torch's real hipify."""
+    result = run([sys.executable, "-c", HIPIFY, str(root), *map(str, sources)], timeout=120)
+    assert result.ok, result.tail()
+
+
+def hipcc_device_syntax_check(source: Path, arch: str, *, defines: Sequence[str] = (),
+                              include_dirs: Sequence[Path] = ()) -> RunResult:
+    """Compile `source` for one GPU target, device side only, without a GPU library (what CI can do)."""
+    assert HIPCC is not None
+    argv = [HIPCC, f"--offload-arch={arch}", "-nogpulib", "--cuda-device-only", "-fsyntax-only",
+            "-std=c++17", "-D__HIP_PLATFORM_AMD__=1", *(f"-D{d}" for d in defines),
+            *(f"-I{d}" for d in include_dirs), str(source)]
+    return run(argv, env={**os.environ, "HIP_PLATFORM": "amd"}, timeout=180)
