@@ -63,10 +63,10 @@ def hipify(root: Path, sources: Sequence[Path]) -> None:
 
 
 def hipcc_device_syntax_check(source: Path, arch: str, *, defines: Sequence[str] = (),
-                              include_dirs: Sequence[Path] = ()) -> RunResult:
+                              include_dirs: Sequence[Path] = (), extra_args: Sequence[str] = ()) -> RunResult:
     """Compile `source` for one GPU target, device side only, without a GPU library (what CI can do)."""
     assert HIPCC is not None
     argv = [HIPCC, f"--offload-arch={arch}", "-nogpulib", "--cuda-device-only", "-fsyntax-only",
             "-std=c++17", "-D__HIP_PLATFORM_AMD__=1", *(f"-D{d}" for d in defines),
-            *(f"-I{d}" for d in include_dirs), str(source)]
+            *(f"-I{d}" for d in include_dirs), *extra_args, str(source)]
     return run(argv, env={**os.environ, "HIP_PLATFORM": "amd"}, timeout=180)
