@@ -12,22 +12,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ds_patch_helpers import series_patches
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SERIES_DIR = REPO_ROOT / "patches" / "deepspeed-0.19.5"
 # The sdist ships real copies of csrc/ and op_builder/ under deepspeed/ops/ (the git tag has symlinks
 # there); patches name the top-level paths, so an sdist tree gets the same hunks applied to the copies.
 SDIST_MIRRORED_DIRS = ("csrc", "op_builder")
-
-
-def series_patches() -> list[Path]:
-    """Patch files named in `series`, in order (blank lines and `#` comments skipped)."""
-    names = []
-    for line in (SERIES_DIR / "series").read_text().splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-    return [SERIES_DIR / name for name in names]
 
 
 def apply_series(tree: Path) -> None:
