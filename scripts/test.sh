@@ -10,6 +10,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${MLSTACK_TEST_VENV:-.venv-test}
 APT_PACKAGES=(git hipcc rocminfo build-essential ninja-build python3-dev libaio-dev)
 TORCH_SPEC=${MLSTACK_TEST_TORCH:-torch==2.13.0}
+# DeepSpeed 0.19.5's runtime requirements (requirements/requirements.txt, torch aside): the patch tests run
+# DeepSpeed straight from a source tree in this venv.
+DEEPSPEED_DEPS=(einops hjson msgpack ninja numpy 'packaging>=20.0' psutil py-cpuinfo 'pydantic>=2.0.0' tqdm)
 
 missing_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -29,7 +32,7 @@ fi
 if [[ ! -x $VENV/bin/python ]]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC"
+"$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC" "${DEEPSPEED_DEPS[@]}"
 
 "$VENV/bin/ruff" check mlstack_ds tests scripts
 set +e

@@ -1,0 +1,83 @@
+"""Helpers for the AMD patch tests: run DeepSpeed from a source tree, fake absent ROCm tools."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from mlstack_ds.runner import RunResult, run
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SERIES_DIR = Path(__file__).resolve().parents[2] / "patches" / "deepspeed-0.19.5"
+# ROCm settings of the machine running the tests must not leak into a test's fake machine.
+HOST_ROCM_VARIABLES = {"PYTORCH_ROCM_ARCH", "DS_ROCM_WAVEFRONT_SIZE", "ROCM_PATH", "ROCM_HOME",
+                       "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
+
+
+def series_patches() -> list[Path]:
+    """Patch files named in `series`, in order (blank lines and `#` comments skipped)."""
+    names = []
+    for line in (SERIES_DIR / "series").read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return [SERIES_DIR / name for name in names]
+
+
+def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | None = None,
+                       path_prepend: Sequence[Path] = (), timeout: float = 300) -> RunResult:
+    """Run the test interpreter with `args`, importing DeepSpeed from `tree`, on the CPU accelerator."""
+    child_env = {k: v for k, v in os.environ.items() if k not in HOST_ROCM_VARIABLES}
+    child_env.update({
+        "PYTHONPATH": str(tree),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "DS_ACCELERATOR": "cpu",
+        "PATH": os.pathsep.join([*map(str, path_prepend), child_env.get("PATH", "")]),
+    })
+    child_env.update(env or {})
+    return run([sys.executable, *map(str, args)], env=child_env, cwd=tree, timeout=timeout)
+
+
+def fake_tool(directory: Path, name: str, output: str, returncode: int = 0) -> Path:
+    """An executable `name` in `directory` that prints `output` (a real capture) and exits."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / f"{name}.out"
+    data.write_text(output)
+    tool = directory / name
+    tool.write_text(f"#!/bin/sh\ncat '{data}'\nexit {returncode}\n")
+    tool.chmod(0o755)
+    return tool
+
+
+HIPCC = shutil.which("hipcc")
+requires_hipcc = pytest.mark.skipif(
+    HIPCC is None, reason="hipcc not installed (scripts/test.sh installs Debian's: apt-get install hipcc)")
+HIPIFY = """
+import sys
+from torch.utils.hipify import hipify_python
+root, sources = sys.argv[1], sys.argv[2:]
+result = hipify_python.hipify(project_directory=root, output_directory=root, includes=[root + "/*"],
+                              extra_files=sources, header_include_dirs=[root], show_detailed=False,
+                              is_pytorch_extension=True, hipify_extra_files_only=True, show_progress=False)
+"""
+
+
+def hipify(root: Path, sources: Sequence[Path]) -> None:
+    """Hipify `sources` and the headers they include under `root` in place, with torch's real hipify."""
+    result = run([sys.executable, "-c", HIPIFY, str(root), *map(str, sources)], timeout=120)
+    assert result.ok, result.tail()
+
+
+def hipcc_device_syntax_check(source: Path, arch: str, *, defines: Sequence[str] = (),
+                              include_dirs: Sequence[Path] = (), extra_args: Sequence[str] = ()) -> RunResult:
+    """Compile `source` for one GPU target, device side only, without a GPU library (what CI can do)."""
+    assert HIPCC is not None
+    argv = [HIPCC, f"--offload-arch={arch}", "-nogpulib", "--cuda-device-only", "-fsyntax-only",
+            "-std=c++17", "-D__HIP_PLATFORM_AMD__=1", *(f"-D{d}" for d in defines),
+            *(f"-I{d}" for d in include_dirs), *extra_args, str(source)]
+    return run(argv, env={**os.environ, "HIP_PLATFORM": "amd"}, timeout=180)

@@ -1,0 +1,36 @@
+"""deepspeed.initialize() a tiny model with several configs on the CPU accelerator (1 process, gloo).
+
+Each case prints `CASE <name>` then either `INITIALIZED` or `ERROR <type>: <message>`; DeepSpeed's INFO
+log lines (stdout) fall between the markers. Ops other than the CPU accelerator's shm_comm (which
+DeepSpeed's comm backend JIT-builds at start) are not built: the optimizer is torch's SGD.
+
+argv[1]: JSON object {case name: amd_specific section or null for none}
+"""
+
+import json
+import sys
+
+import deepspeed
+import torch
+from deepspeed.utils.logging import set_log_level_from_string
+
+set_log_level_from_string("info")
+BASE_CONFIG = {
+    "train_micro_batch_size_per_gpu": 1,
+    "zero_optimization": {"stage": 2},
+    "zero_allow_untested_optimizer": True,
+}
+
+for name, section in json.loads(sys.argv[1]).items():
+    print(f"CASE {name}", flush=True)
+    config = dict(BASE_CONFIG, **({"amd_specific": section} if section is not None else {}))
+    model = torch.nn.Linear(8, 8)
+    try:
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                          config=config)
+        loss = engine(torch.randn(1, 8)).sum()
+        engine.backward(loss)
+        engine.step()
+        print("INITIALIZED", flush=True)
+    except Exception as exc:  # the outcome under test, reported as data
+        print(f"ERROR {type(exc).__name__}: {exc}".replace("\n", " | "), flush=True)
