@@ -1,35 +1,20 @@
 """Fixtures for the AMD patch tests: DeepSpeed 0.19.5 trees with and without the series applied.
 
-`patched_tree` is the ONE place that applies the series; it uses plain `git apply` until the patch
-engine exists, then switches to it here. Trees are session-scoped (copying and patching a DeepSpeed
-tree costs seconds) and must not be modified by tests; subprocesses run with PYTHONDONTWRITEBYTECODE.
+`patched_tree` applies the shipped series with the product's own engine (`mlstack_ds.patches`), which
+also patches the sdist's real copies of csrc/ and op_builder/ under deepspeed/ops/. Trees are
+session-scoped (copying and patching a DeepSpeed tree costs seconds) and must not be modified by tests;
+subprocesses run with PYTHONDONTWRITEBYTECODE.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import series_patches
 
-# The sdist ships real copies of csrc/ and op_builder/ under deepspeed/ops/ (the git tag has symlinks
-# there); patches name the top-level paths, so an sdist tree gets the same hunks applied to the copies.
-SDIST_MIRRORED_DIRS = ("csrc", "op_builder")
-
-
-def apply_series(tree: Path) -> None:
-    ops = tree / "deepspeed" / "ops"
-    sdist_copies = [d for d in SDIST_MIRRORED_DIRS if (ops / d).is_dir() and not (ops / d).is_symlink()]
-    for patch in series_patches():
-        subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch)], cwd=tree, check=True)
-        text = patch.read_text()
-        mirrored = [d for d in sdist_copies if f"\n+++ b/{d}/" in text]
-        if mirrored:
-            subprocess.run(["git", "apply", "--whitespace=nowarn", "--directory=deepspeed/ops",
-                            *(f"--include=deepspeed/ops/{d}/*" for d in mirrored), str(patch)],
-                           cwd=tree, check=True)
+from mlstack_ds.patches import apply_series, series_for_recipe
+from mlstack_ds.recipe import find_recipe
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +22,7 @@ def patched_tree(pristine_tree_template: Path, tmp_path_factory: pytest.TempPath
     """DeepSpeed 0.19.5 with every patch in `series` applied, in order."""
     tree = tmp_path_factory.mktemp("ds-patched") / pristine_tree_template.name
     shutil.copytree(pristine_tree_template, tree, symlinks=True)
-    apply_series(tree)
+    apply_series(tree, series_for_recipe(find_recipe("deepspeed-0.19.5")))
     return tree
 
 

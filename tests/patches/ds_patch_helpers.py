@@ -13,20 +13,9 @@ import pytest
 from mlstack_ds.runner import RunResult, run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-SERIES_DIR = Path(__file__).resolve().parents[2] / "patches" / "deepspeed-0.19.5"
 # ROCm settings of the machine running the tests must not leak into a test's fake machine.
 HOST_ROCM_VARIABLES = {"PYTORCH_ROCM_ARCH", "DS_ROCM_WAVEFRONT_SIZE", "ROCM_PATH", "ROCM_HOME",
                        "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
-
-
-def series_patches() -> list[Path]:
-    """Patch files named in `series`, in order (blank lines and `#` comments skipped)."""
-    names = []
-    for line in (SERIES_DIR / "series").read_text().splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-    return [SERIES_DIR / name for name in names]
 
 
 def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | None = None,
