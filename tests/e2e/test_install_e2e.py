@@ -8,6 +8,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -180,3 +181,22 @@ def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tm
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import deepspeed; print(deepspeed.__version__)"],
                            capture_output=True, text=True, timeout=300)
     assert check.stdout.strip().splitlines()[-1] == "0.19.5", check.stderr[-2000:]
+
+
+def test_conflicting_patch_stops_before_the_build(installed_target: Target, deepspeed_sdist: Path,
+                                                  tmp_path: Path) -> None:
+    """A local tree (say, a user's edited copy) where 0001's hunk no longer fits: exit 5, named patch and
+    file, nothing built or installed."""
+    with tarfile.open(deepspeed_sdist) as archive:
+        archive.extractall(tmp_path, filter="data")
+    tree = tmp_path / "deepspeed-0.19.5"
+    target = tree / "deepspeed" / "runtime" / "zero" / "partition_parameters.py"
+    target.write_text(target.read_text().replace("launch_handles[-1].wait()", "launch_handles[-1].wait()  # edited"))
+    before = installed_target.status()
+    logs_before = set((installed_target.cache / "logs").glob("*.log"))
+    result = installed_target.install("--source", str(tree))
+    assert result.returncode == 5, result.stderr[-2000:]
+    assert "0001-zero3-wait-for-every-async-all-gather.patch" in result.stderr
+    assert "partition_parameters.py" in result.stderr and "Traceback" not in result.stderr
+    assert set((installed_target.cache / "logs").glob("*.log")) == logs_before  # no build started
+    assert installed_target.status() == before
