@@ -98,7 +98,8 @@ def test_read_rank_logs_keeps_what_a_dead_rank_wrote(tmp_path: Path) -> None:
 
 
 def test_summary_from_rank0_fills_in_remote_ranks(tmp_path: Path) -> None:
-    summary = {"ranks": {"0": [{"check": "zero1", "status": "pass"}], "1": [{"check": "zero1", "status": "fail"}]}}
+    summary = {"ranks": {"0": [{"check": "zero1", "status": "pass"}],
+                         "1": [{"check": "zero1", "status": "fail"}]}}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     logs = launch.read_rank_logs(tmp_path, 2)
     assert logs[1].results["zero1"]["status"] == "fail"
