@@ -36,6 +36,14 @@ CPU_OPS_FLAGS: Mapping[str, str] = {
     "DS_BUILD_SHM_COMM": "1",
 }
 NO_OPS_FLAGS: Mapping[str, str] = {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cache_dir() -> Path:
+    """Same place as tests/conftest.py's cache ($MLSTACK_TEST_CACHE, default <repo>/.cache/test)."""
+    path = Path(os.environ.get("MLSTACK_TEST_CACHE", REPO_ROOT / ".cache" / "test"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,7 @@ def _run(argv: list[str], env: Mapping[str, str] | None = None) -> None:
                            f"{proc.stderr[-3000:]}")
 
 
-if __name__ == "__main__":  # manual use: python tests/e2e/target_env.py SDIST CACHE_DIR [noops]
-    chosen = NO_OPS_FLAGS if sys.argv[3:] == ["noops"] else CPU_OPS_FLAGS
-    made = build_target_venv(Path(sys.argv[1]), chosen, Path(sys.argv[2]))
+if __name__ == "__main__":  # manual use: python tests/e2e/target_env.py SDIST [noops]
+    chosen = NO_OPS_FLAGS if sys.argv[2:] == ["noops"] else CPU_OPS_FLAGS
+    made = build_target_venv(Path(sys.argv[1]), chosen, test_cache_dir())
     print(made.root, f"{made.build_seconds:.1f}s")
