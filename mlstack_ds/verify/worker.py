@@ -726,7 +726,9 @@ def import_targets(ctx, allow_jit):
 
 def init_distributed(ctx, timeout_s):
     """One process group for the whole launch; collectives time out with the launch."""
-    timeout = timedelta(seconds=max(timeout_s, 30))
+    # Longer than the launch time-out, so a stuck collective is ended by the launcher killing the
+    # ranks (reported as a time-out) rather than by a gloo error on the one rank still waiting.
+    timeout = timedelta(seconds=timeout_s + 30)
     try:
         if ctx.deepspeed is not None:
             ctx.deepspeed.init_distributed(timeout=timeout)
