@@ -116,14 +116,12 @@ def run_launch(argv: Sequence[str], *, timeout_s: float, run_id: str,
     try:
         result = runner.run(argv, timeout=timeout_s, env=launch_env)
     except ToolTimedOut:
-        sweep(run_id)
         return LaunchOutcome(None, time.monotonic() - started, True, "")
     except ToolError as exc:
-        sweep(run_id)
         return LaunchOutcome(None, time.monotonic() - started, False, exc.message)
-    sweep(run_id)
-    tail = result.tail(40)
-    return LaunchOutcome(result.returncode, result.duration_s, False, tail,
+    finally:  # also on Ctrl-C: runner kills the launcher's group, this kills the ranks' sessions
+        sweep(run_id)
+    return LaunchOutcome(result.returncode, result.duration_s, False, result.tail(40),
                          rank_exit_codes(result.stderr + result.stdout))
 
 

@@ -82,6 +82,9 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", hint="seconds, e.g. 300")
     if options.world_size is not None and options.world_size < 1:
         raise UsageError(f"--world-size {options.world_size}: must be at least 1", hint="e.g. 2")
+    if options.hostfile is not None and options.world_size is not None:
+        raise UsageError("--world-size cannot be combined with --hostfile",
+                         hint="the hostfile's slots=N entries decide how many ranks run on each node")
     specs = select_checks(options.only, options.skip)
     hosts = launch.parse_hostfile(options.hostfile) if options.hostfile else None
 
@@ -92,7 +95,7 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         return VerifyReport(str(python), options.world_size or 0, results, (), time.monotonic() - started)
 
     if hosts is not None:
-        world_size = options.world_size or sum(h.slots for h in hosts)
+        world_size = sum(h.slots for h in hosts)
     else:
         world_size = options.world_size or (probe.gpus if probe.gpus > 0 else 2)
     deadline = started + options.timeout_s

@@ -43,3 +43,10 @@ def test_bad_hostfile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     hostfile.write_text("just-a-name\n")
     code, err = run_cli(["--hostfile", str(hostfile)], capsys)
     assert code == 2 and "slots=N" in err
+
+
+def test_world_size_with_hostfile_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=2\n")
+    code, err = run_cli(["--hostfile", str(hostfile), "--world-size", "4"], capsys)
+    assert code == 2 and "cannot be combined with --hostfile" in err
