@@ -100,12 +100,13 @@ def test_deepspeed_without_prebuilt_ops_fails_instead_of_compiling(no_ops_venv) 
                               "--timeout", "180")
     checks = by_name(report)
     assert proc.returncode == 8
-    assert checks["environment"]["status"] == "pass"
-    assert checks["prebuilt_ops"]["status"] == "fail"
+    assert all(c["status"] == "fail" for c in checks.values())
+    # On CPU, deepspeed.init_distributed loads the shm_comm op: without a prebuilt one it would compile.
+    jit_shm = "op 'deepspeed_shm_comm' is not prebuilt: DeepSpeed tried to JIT-compile it"
+    assert jit_shm in checks["environment"]["reason"]
     assert "no prebuilt ops" in checks["prebuilt_ops"]["reason"]
-    for name in ("cpu_adam", "zero2_offload"):
-        assert checks[name]["status"] == "fail"
-        assert "op 'cpu_adam' is not prebuilt: DeepSpeed tried to JIT-compile it" in checks[name]["reason"]
+    assert "op 'cpu_adam' is not prebuilt: DeepSpeed tried to JIT-compile it" in checks["cpu_adam"]["reason"]
+    assert jit_shm in checks["zero2_offload"]["reason"]
 
 
 def test_a_hanging_rank_times_out_and_leaves_no_process(target_venv) -> None:
