@@ -46,6 +46,7 @@ class VerifyOptions:
     hostfile: Path | None = None
     isolate: bool = False
     extra_env: Mapping[str, str] | None = None  # e.g. the test-only fault injection variable
+    receipt: Path | None = None  # default: the worker reads <target sys.prefix>/share/mlstack-ds/receipt.json
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
     run_id = launch.new_run_id()
     with tempfile.TemporaryDirectory(prefix="mlstack-verify-") as tmp:
         out_dir = Path(tmp)
-        args = launch.worker_args(names, out_dir, options.timeout_s, run_id)
+        args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt)
         port = launch.free_port()
         if hosts is not None and options.hostfile is not None:
             argv = launch.deepspeed_argv(python, options.hostfile, hosts, port, args)

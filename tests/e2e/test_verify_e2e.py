@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 
+from mlstack_ds.verify.suite import VerifyOptions
+from mlstack_ds.verify.suite import run_verify as run_suite
+
 pytestmark = pytest.mark.slow
 
 RACE_PRONE = {"zero3", "zero3_offload", "checkpoint"}
@@ -142,3 +145,37 @@ def test_a_crashing_rank_fails_its_check_and_leaves_no_process(target_venv) -> N
     assert checks["zero2"]["status"] == "fail"
     assert report["launches"][0]["timed_out"] is False
     assert leftover_processes(marker) == []
+
+
+def write_receipt(path: Path, **overrides: Any) -> Path:
+    receipt = {"deepspeed_version": "0.19.5", "ops": ["cpu_adam", "fused_adam", "deepspeed_shm_comm"],
+               "platform": "cpu", "archs": [], "patches": [], **overrides}
+    path.write_text(json.dumps(receipt))
+    return path
+
+
+def test_a_receipt_that_matches_the_install_passes(target_venv, tmp_path: Path) -> None:
+    report = run_suite(VerifyOptions(python=target_venv.python, only="environment,prebuilt_ops,amd_specific",
+                                     timeout_s=120, receipt=write_receipt(tmp_path / "receipt.json")))
+    checks = {c.name: c for c in report.checks}
+    assert report.ok, checks
+    assert checks["environment"].details["receipt"] is True
+    assert checks["prebuilt_ops"].details["source"] == "receipt"
+    assert checks["amd_specific"].status == "skip"
+
+
+def test_a_receipt_that_does_not_match_fails_naming_what_differs(target_venv, tmp_path: Path) -> None:
+    receipt = write_receipt(tmp_path / "receipt.json", deepspeed_version="0.19.6", platform="rocm",
+                            ops=["cpu_adam", "fused_lamb"],
+                            patches=["0004-amd-specific-config-section.patch"])
+    report = run_suite(VerifyOptions(python=target_venv.python, only="environment,prebuilt_ops,amd_specific",
+                                     timeout_s=120, receipt=receipt))
+    checks = {c.name: c for c in report.checks}
+    assert not report.ok
+    assert "installed DeepSpeed 0.19.5 is not the receipt's 0.19.6" in checks["environment"].reason
+    assert "accelerator is 'cpu', the receipt planned 'cuda'" in checks["environment"].reason
+    assert "fused_lamb: the receipt lists it but DeepSpeed's installed_ops says not built" in (
+        checks["prebuilt_ops"].reason)
+    # the receipt claims the amd_specific patch, but this (unpatched) DeepSpeed accepts any key there
+    assert checks["amd_specific"].status == "fail"
+    assert "invalid key in amd_specific was accepted" in checks["amd_specific"].reason
