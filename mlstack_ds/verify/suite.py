@@ -153,9 +153,11 @@ def _why_missing(name: str, log: launch.RankLog, rank: int, outcome: launch.Laun
         where = "while running it" if log.begun and log.begun[-1] == name else "before reaching it"
         return f"timed out after {timeout_s:g} s ({where})"
     code = outcome.rank_exit_codes.get(rank)
-    if code is None and outcome.rank_exit_codes:
-        culprit, culprit_code = next(iter(sorted(outcome.rank_exit_codes.items())))
-        return f"stopped by the launcher after rank {culprit} failed (exit code {culprit_code})"
+    culprits = sorted((r, c) for r, c in outcome.rank_exit_codes.items() if r != rank and c > 0)
+    if culprits and (code is None or code < 0):
+        culprit, culprit_code = culprits[0]
+        how = f" (signal {-code})" if code is not None else ""
+        return f"stopped by the launcher{how} after rank {culprit} failed (exit code {culprit_code})"
     exit_text = f"exit code {code}" if code is not None else f"launcher exit code {outcome.returncode}"
     if not log.started:
         last = outcome.log_tail.strip().splitlines()[-1:] if outcome.log_tail.strip() else []

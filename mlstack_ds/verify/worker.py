@@ -823,8 +823,8 @@ def main(argv=None):
     init_distributed(ctx, args.timeout)
     names = [n for n in args.checks.split(",") if n]
     for index, name in enumerate(names):
-        fire_fault(fault, name, index == 0)
         log.write({"event": "start", "check": name, "rank": rank})
+        fire_fault(fault, name, index == 0)
         if name not in CHECKS:
             record = {"event": "result", "check": name, "rank": rank, "status": "fail",
                       "reason": "unknown check (worker and tool versions differ?)", "duration_s": 0.0,

@@ -24,6 +24,9 @@ def test_the_rank_that_crashed_and_the_rank_the_launcher_stopped() -> None:
         "rank died during this check (exit code 17)")
     assert _why_missing("zero1", rank_log("zero1"), 0, outcome, 30) == (
         "stopped by the launcher after rank 1 failed (exit code 17)")
+    signalled = LaunchOutcome(1, 5.0, False, "boom", {0: -15, 1: 17})
+    assert _why_missing("zero1", rank_log("zero1"), 0, signalled, 30) == (
+        "stopped by the launcher (signal 15) after rank 1 failed (exit code 17)")
 
 
 def test_a_rank_that_never_started_quotes_the_launcher() -> None:
