@@ -174,7 +174,7 @@ def test_a_receipt_that_matches_the_install_passes(target_venv, tmp_path: Path) 
 
 def test_a_receipt_that_does_not_match_fails_naming_what_differs(target_venv, tmp_path: Path) -> None:
     receipt = write_receipt(tmp_path / "receipt.json", deepspeed_version="0.19.6", platform="rocm",
-                            ops=["cpu_adam", "fused_lamb"],
+                            ops=["cpu_adam", "async_io", "fused_lamb"],
                             patches=["0004-amd-specific-config-section.patch"])
     report = run_suite(VerifyOptions(python=target_venv.python, only="environment,prebuilt_ops,amd_specific",
                                      timeout_s=120, receipt=receipt))
@@ -182,8 +182,9 @@ def test_a_receipt_that_does_not_match_fails_naming_what_differs(target_venv, tm
     assert not report.ok
     assert "installed DeepSpeed 0.19.5 is not the receipt's 0.19.6" in checks["environment"].reason
     assert "accelerator is 'cpu', the receipt planned 'cuda'" in checks["environment"].reason
-    assert "fused_lamb: the receipt lists it but DeepSpeed's installed_ops says not built" in (
-        checks["prebuilt_ops"].reason)
+    ops_reason = checks["prebuilt_ops"].reason
+    assert "async_io: the receipt lists it but DeepSpeed's installed_ops says not built" in ops_reason
+    assert "fused_lamb: unknown to this DeepSpeed/accelerator" in ops_reason  # a GPU op, on CPU
     # the receipt claims the amd_specific patch, but this (unpatched) DeepSpeed accepts any key there
     assert checks["amd_specific"].status == "fail"
     assert "invalid key in amd_specific was accepted" in checks["amd_specific"].reason
