@@ -277,7 +277,7 @@ class Trainer:
         loss = self.engine(*self.local)
         self.engine.backward(loss)
         self.engine.step()
-        value = loss.detach().float().cpu().reshape(1)
+        value = loss.detach().float().reshape(1)  # stays on the device: NCCL/RCCL reduce no CPU tensors
         torch.distributed.all_reduce(value)
         self.losses.append(value.item() / self.ctx.world_size)
         self.ref_optimizer.zero_grad()
@@ -337,11 +337,11 @@ def ranks_agree(ctx, tensors):
     """Do all ranks hold bitwise the same parameters? Compares a checksum vector across ranks."""
     torch = ctx.torch
     local = torch.tensor([float(t.sum()) for t in tensors] + [float(t.abs().sum()) for t in tensors],
-                         dtype=torch.float64)
+                         dtype=torch.float64, device=accelerator().current_device_name())
     gathered = [torch.zeros_like(local) for _ in range(ctx.world_size)]
     torch.distributed.all_gather(gathered, local)
     worst = max(float((g - local).abs().max()) for g in gathered)
-    return worst == 0.0, worst
+    return worst == 0.0, worst  # bitwise: every rank gathered the same bytes
 
 
 def train_and_judge(ctx, config, steps=STEPS, rtol=LOSS_RTOL, inspect=None):
@@ -568,7 +568,7 @@ def check_fused_adam(ctx):
     ctx.need_deepspeed()
     from deepspeed.ops.adam import FusedAdam  # noqa: PLC0415
 
-    device = accelerator().device_name(0) if accelerator()._name != "cpu" else "cpu"
+    device = accelerator().current_device_name()
     return optimizer_against_torch(ctx, lambda ps: FusedAdam(ps, adam_w_mode=True, **ADAM),
                                    lambda ps: ctx.torch.optim.AdamW(ps, **ADAM), "FusedAdam", device)
 
@@ -777,6 +777,8 @@ def init_distributed(ctx, timeout_s):
             ctx.dist_error = "torch is not importable"
             return
         ctx.dist_ready = ctx.deepspeed is not None
+        if ctx.dist_ready and accelerator()._name != "cpu":
+            accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank
     except Exception as exc:
         ctx.dist_error = f"{type(exc).__name__}: {exc}"
 
