@@ -1,6 +1,7 @@
 """Benchmark `mlstack-ds verify` against the naive way, in the same run (this machine is noisy).
 
 - suite: `mlstack-ds verify --python <prebuilt-ops venv>`: every check, one launch, 2 CPU ranks.
+- isolated: the same with `--isolate` (one launch per check): what the single launch saves.
 - naive: what people do by hand: one `deepspeed --num_gpus 2` launch per ZeRO stage, with DeepSpeed
   installed without prebuilt ops so cpu_adam/fused_adam are JIT-compiled at first use (fresh
   TORCH_EXTENSIONS_DIR, so the first launch pays the compile as a new user would). Each launch runs the
@@ -45,10 +46,10 @@ def target_venvs(prebuilt: str | None, jit: str | None) -> tuple[Path, Path]:
     return made_prebuilt, made_jit
 
 
-def run_suite(python: Path) -> dict[str, Any]:
+def run_suite(python: Path, *extra: str) -> dict[str, Any]:
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mlstack_ds", "verify", "--python", str(python), "--json",
-                           "--timeout", "900"], capture_output=True, text=True, check=False, cwd=REPO)
+                           "--timeout", "900", *extra], capture_output=True, text=True, check=False, cwd=REPO)
     wall = time.monotonic() - started
     report = json.loads(proc.stdout)
     return {"wall_s": round(wall, 2), "exit_code": proc.returncode, "launches": len(report["launches"]),
@@ -82,7 +83,7 @@ def run_naive(python: Path) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    suite, naive = result["suite"], result["naive"]
+    suite, isolated, naive = result["suite"], result["isolated"], result["naive"]
     lines = [
         f"Measured {result['date']} on {result['machine']}; DeepSpeed 0.19.5, torch 2.13.0 CPU, "
         "2 ranks (gloo).",
@@ -92,6 +93,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"| `mlstack-ds verify` (all {len(suite['checks'])} checks, prebuilt ops) | {suite['wall_s']:.1f} | "
         f"{suite['launches']} | {suite['counts']['pass']} pass, {suite['counts']['fail']} fail, "
         f"{suite['counts']['skip']} skip |",
+        f"| `mlstack-ds verify --isolate` (one launch per check, prebuilt ops) | {isolated['wall_s']:.1f} | "
+        f"{isolated['launches']} | {isolated['counts']['pass']} pass, {isolated['counts']['fail']} fail, "
+        f"{isolated['counts']['skip']} skip |",
         f"| naive: one `deepspeed` launch per stage, JIT ops ({', '.join(NAIVE_STAGES)}) | "
         f"{naive['wall_s']:.1f} | {len(naive['stages'])} | first launch compiles cpu_adam/fused_adam |",
         "",
@@ -117,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("deepspeed", path=str(jit.parent)) is None:
         parser.error(f"{jit.parent}/deepspeed not found")
     suite = run_suite(prebuilt)
+    isolated = run_suite(prebuilt, "--isolate")
     naive = run_naive(jit)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
-              "suite": suite, "naive": naive,
+              "suite": suite, "isolated": isolated, "naive": naive,
               "ratio_naive_over_suite": round(naive["wall_s"] / suite["wall_s"], 2)}
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n")
