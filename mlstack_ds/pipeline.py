@@ -1,4 +1,4 @@
-"""The install pipeline: detect -> plan -> (dry run stops here) -> build -> install -> check.
+"""The install pipeline: detect -> plan -> (dry run stops here) -> build -> install -> verify.
 
 One function per user-visible command; the CLI only parses options and renders what comes back.
 """
@@ -13,31 +13,18 @@ from pathlib import Path
 from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment, detect
-from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
+from mlstack_ds.errors import EnvironmentProblem, UsageError
 from mlstack_ds.install import InstalledState, install_wheel, probe_installed
 from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
 from mlstack_ds.receipt import Receipt, read_receipt
 from mlstack_ds.recipe import Recipe, find_recipe
-from mlstack_ds.runner import run
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.fetch import SourceSpec, parse_source_spec
 from mlstack_ds.targets import parse_arch_option
 from mlstack_ds.toolchain import probe_toolchain
-
-PREBUILT_IMPORT_CHECK = r"""
-import importlib, sys
-from deepspeed.ops.op_builder.all_ops import ALL_OPS
-failed = []
-for name in sys.argv[1:]:
-    builder = ALL_OPS.get(name)
-    try:
-        importlib.import_module(builder.absolute_name())  # the prebuilt extension: no JIT possible here
-    except Exception as exc:
-        failed.append("%s: %s" % (name, exc))
-print("\n".join(failed))
-sys.exit(1 if failed else 0)
-"""
+from mlstack_ds.verify.report import VerifyReport
+from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
 
 @dataclass(frozen=True)
@@ -71,6 +58,7 @@ class InstallOutcome:
     action: str  # "installed" | "up-to-date"
     receipt: Receipt
     built: BuiltWheel | None
+    verify: VerifyReport | None = None
 
 
 def patch_refs(recipe: Recipe) -> list[PatchRef]:
@@ -105,16 +93,6 @@ def healthy(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> 
     )
 
 
-def check_prebuilt_ops(python: str, ops: tuple[str, ...]) -> None:
-    """Import each planned op's prebuilt extension in the target interpreter (no JIT fallback)."""
-    if not ops:
-        return
-    result = run([python, "-c", PREBUILT_IMPORT_CHECK, *ops], timeout=300, env={**os.environ})
-    if not result.ok:
-        raise InstallError(f"prebuilt ops do not load: {result.tail(1)}",
-                           hint="run `mlstack-ds doctor` and `mlstack-ds status`")
-
-
 def run_install(prepared: Prepared, request: InstallRequest, output: Output,
                 progress: BuildProgress | None = None) -> InstallOutcome:
     plan = prepared.plan
@@ -132,7 +110,8 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
     output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
                   + built.wheel.name)
     new_receipt = install_wheel(plan, built, prefix, status=output.status)
+    report = None
     if request.verify:
-        output.status(f"checking that the prebuilt ops load: {', '.join(plan.built_ops)}")
-        check_prebuilt_ops(plan.target_python, plan.built_ops)
-    return InstallOutcome(plan, "installed", new_receipt, built)
+        output.status("verifying the install (mlstack-ds verify)")
+        report = run_verify(VerifyOptions(python=Path(plan.target_python)), status=output.status)
+    return InstallOutcome(plan, "installed", new_receipt, built, report)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mlstack_ds import __version__
-from mlstack_ds.cli import detect_cmd, doctor_cmd, fetch_cmd, install_cmd, patches_cmd, recipes_cmd
+from mlstack_ds.cli import detect_cmd, doctor_cmd, fetch_cmd, install_cmd, patches_cmd, recipes_cmd, verify_cmd
 from mlstack_ds.errors import ExitCode, MlstackError
 
 EXIT_CODES_HELP = (
@@ -48,7 +48,7 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Root options."""
 
-    for module in (detect_cmd, install_cmd, doctor_cmd, recipes_cmd, fetch_cmd, patches_cmd):
+    for module in (detect_cmd, install_cmd, verify_cmd, doctor_cmd, recipes_cmd, fetch_cmd, patches_cmd):
         module.register(app)
     return app
 

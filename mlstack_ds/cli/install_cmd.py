@@ -15,12 +15,13 @@ from rich.table import Table
 from mlstack_ds.build import BuildProgress
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import Interrupted
+from mlstack_ds.errors import Interrupted, VerifyFailed
 from mlstack_ds.install import probe_installed, rollback, uninstall
 from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_install
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
 from mlstack_ds.runner import run
+from mlstack_ds.verify.report import render_table
 
 PYTHON_HELP = "Interpreter (or venv directory) that gets DeepSpeed. Default: the one running mlstack-ds."
 
@@ -59,7 +60,7 @@ def register(app: typer.Typer) -> None:
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
                                               "(default $XDG_CACHE_HOME/mlstack-ds)."),
         no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
-        no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check after installing."),
+        no_verify: bool = typer.Option(False, "--no-verify", help="Skip `mlstack-ds verify` after installing."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
         json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
         force: bool = typer.Option(False, "--force", help="Reinstall even if the same plan is installed and healthy."),
@@ -88,9 +89,22 @@ def register(app: typer.Typer) -> None:
             render_plan(plan, output)
         with sigterm_as_interrupt(), _build_progress(output) as progress:
             outcome = run_install(prepared, request, output, progress)
+        report = outcome.verify
         if json_output:
-            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict()})
-        elif outcome.action == "up-to-date":
+            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
+                              "verify": report.to_json() if report else None})
+        elif report is not None:
+            output.out.print(render_table(report))
+        if report is not None and not report.ok:
+            failed = [c.name for c in report.checks if c.status == "fail"]
+            raise VerifyFailed(
+                f"DeepSpeed was installed, but {len(failed)} verify check(s) failed: {', '.join(failed)}",
+                hint=f"details: mlstack-ds verify --python {plan.target_python}; "
+                "`mlstack-ds rollback` restores the previous DeepSpeed",
+            )
+        if json_output:
+            return
+        if outcome.action == "up-to-date":
             output.out.print(f"DeepSpeed {plan.deepspeed_version} is already installed with this plan and healthy; "
                              "nothing to do (--force reinstalls).")
         else:

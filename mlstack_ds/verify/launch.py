@@ -1,0 +1,209 @@
+"""Launch the verify worker on N ranks, bound it in time, leave nothing running, and read what it wrote.
+
+Two launchers, both standard: `python -m torch.distributed.run` on one machine (loopback, a free port)
+and DeepSpeed's own launcher (`python -m deepspeed.launcher.runner --hostfile ...`, pdsh/ssh) for
+several nodes. The subprocess goes through `mlstack_ds.runner.run`, which kills the launcher's process
+group on time-out. torchrun starts each rank in a session of its own, so that is not enough: every
+process of a launch carries `MLSTACK_VERIFY_RUN_ID=<id>` in its environment (children inherit it),
+ranks ask the kernel to kill them when their launcher dies, and after every launch `sweep` kills
+whatever still carries the marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlstack_ds import runner
+from mlstack_ds.errors import ToolError, ToolTimedOut, UsageError
+
+RUN_ID_ENV = "MLSTACK_VERIFY_RUN_ID"
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def new_run_id() -> str:
+    return f"mlstack-verify-{uuid.uuid4().hex[:16]}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the OS picks it; small race window, as with torchrun)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_args(checks: Sequence[str], out_dir: Path, timeout_s: float, run_id: str,
+                receipt: Path | None = None) -> list[str]:
+    args = [str(WORKER), "--checks", ",".join(checks), "--out", str(out_dir), "--timeout", f"{timeout_s:g}",
+            "--run-id", run_id]
+    if receipt is not None:
+        args += ["--receipt", str(receipt)]
+    return args
+
+
+def torchrun_argv(python: Path, world_size: int, port: int, args: Sequence[str]) -> list[str]:
+    """Single node: `python -m torch.distributed.run` on loopback, no restarts (a failure is a result)."""
+    return [str(python), "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0", *args]
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    host: str
+    slots: int
+
+
+def parse_hostfile(path: Path) -> list[HostEntry]:
+    """DeepSpeed's hostfile format: `hostname slots=N` per line, `#` comments."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--hostfile {path}: cannot read it ({exc.strerror or exc})",
+                         hint="pass a DeepSpeed hostfile: one `hostname slots=N` line per node") from exc
+    entries = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
+        if not match or int(match.group(2)) < 1:
+            raise UsageError(f"--hostfile {path}:{number}: expected `hostname slots=N`, got {raw.strip()!r}",
+                             hint="DeepSpeed hostfile format, e.g. `node1 slots=8`")
+        entries.append(HostEntry(match.group(1), int(match.group(2))))
+    if not entries:
+        raise UsageError(f"--hostfile {path}: no hosts in it", hint="add `hostname slots=N` lines")
+    return entries
+
+
+def deepspeed_argv(python: Path, hostfile: Path, hosts: Sequence[HostEntry], port: int,
+                   args: Sequence[str], *, gpus_per_node: int | None = None) -> list[str]:
+    """Several nodes: DeepSpeed's launcher (pdsh/ssh), master on the first host of the hostfile.
+
+    The worker path and `--out` must exist on every node (same install path or a shared file system).
+    """
+    argv = [str(python), "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
+            "--master_addr", hosts[0].host, "--master_port", str(port)]
+    if gpus_per_node is not None:
+        argv += ["--num_gpus", str(gpus_per_node)]
+    return [*argv, *args]
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    returncode: int | None
+    duration_s: float
+    timed_out: bool
+    log_tail: str
+    rank_exit_codes: Mapping[int, int] = field(default_factory=dict)
+
+
+def run_launch(argv: Sequence[str], *, timeout_s: float, run_id: str,
+               env: Mapping[str, str] | None = None) -> LaunchOutcome:
+    """Run one launch to completion or time-out; afterwards no process of it is left."""
+    launch_env = {**(env if env is not None else os.environ), RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    try:
+        result = runner.run(argv, timeout=timeout_s, env=launch_env)
+    except ToolTimedOut:
+        return LaunchOutcome(None, time.monotonic() - started, True, "")
+    except ToolError as exc:
+        return LaunchOutcome(None, time.monotonic() - started, False, exc.message)
+    finally:  # also on Ctrl-C: runner kills the launcher's group, this kills the ranks' sessions
+        sweep(run_id)
+    return LaunchOutcome(result.returncode, result.duration_s, False, result.tail(40),
+                         rank_exit_codes(result.stderr + result.stdout))
+
+
+def rank_exit_codes(log: str) -> dict[int, int]:
+    """torchrun's failure summary (`rank : 1 (local_rank: 1)` / `exitcode : 17`) as {rank: code}."""
+    codes = {}
+    for match in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", log):
+        codes[int(match.group(1))] = int(match.group(2))
+    return codes
+
+
+def processes_with_marker(run_id: str) -> list[int]:
+    """PIDs whose environment carries this launch's marker (Linux /proc; the caller itself excluded)."""
+    needle = f"{RUN_ID_ENV}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def sweep(run_id: str, grace_s: float = 5.0) -> list[int]:
+    """SIGKILL every process of the launch still alive; wait until they are gone. Returns the PIDs hit."""
+    if not sys.platform.startswith("linux"):
+        return []
+    killed: list[int] = []
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = [pid for pid in processes_with_marker(run_id) if not _is_zombie(pid)]
+        if not alive or time.monotonic() > deadline:
+            return killed
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.05)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+@dataclass(frozen=True)
+class RankLog:
+    """What one rank wrote: whether it started, the checks it began, its results by check."""
+
+    started: bool
+    begun: tuple[str, ...]
+    results: Mapping[str, Mapping[str, Any]]
+
+
+def read_rank_logs(out_dir: Path, world_size: int) -> dict[int, RankLog]:
+    """Per-rank JSON lines, overlaid by rank 0's gathered summary (which covers remote nodes)."""
+    logs: dict[int, RankLog] = {}
+    for rank in range(world_size):
+        path = out_dir / f"rank{rank}.jsonl"
+        started, begun, results = False, [], {}
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    event = record.get("event")
+                    started = started or event == "hello"
+                    if event == "start":
+                        begun.append(record["check"])
+                    elif event == "result":
+                        results[record["check"]] = record
+        logs[rank] = RankLog(started, tuple(begun), results)
+    summary = out_dir / "summary.json"
+    if summary.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            gathered = json.loads(summary.read_text(encoding="utf-8"))
+            for rank_text, records in gathered.get("ranks", {}).items():
+                rank = int(rank_text)
+                if rank < world_size and not logs[rank].results:
+                    by_check = {r["check"]: r for r in records}
+                    logs[rank] = RankLog(True, tuple(by_check), by_check)
+    return logs

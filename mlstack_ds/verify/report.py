@@ -1,0 +1,156 @@
+"""The verify report: one result per check (merged over ranks), as JSON or a rich table.
+
+Merging rules: a check passes only if every rank passed it; it fails if any rank failed it or if a
+rank never reported it (time-out, crash), and the reason says which rank and why; it is skipped when
+every rank skipped it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from rich.table import Table
+
+Status = Literal["pass", "fail", "skip"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: Status
+    reason: str
+    duration_s: float  # the slowest rank's time
+    details: Mapping[str, Any] = field(default_factory=dict)  # rank 0's details (or the first failing rank's)
+    ranks: Mapping[int, Status] = field(default_factory=dict)
+    peak_memory_bytes: Mapping[int, int | None] = field(default_factory=dict)  # accelerator peak, per rank
+    peak_rss_bytes: Mapping[int, int | None] = field(default_factory=dict)  # process peak so far, per rank
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """One launcher run: what ran, how it ended."""
+
+    argv: tuple[str, ...]
+    checks: tuple[str, ...]
+    returncode: int | None
+    duration_s: float
+    timed_out: bool
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    python: str
+    world_size: int
+    checks: tuple[CheckResult, ...]
+    launches: tuple[LaunchRecord, ...]
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == "fail" for c in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for c in self.checks if c.status == s) for s in ("pass", "fail", "skip")}
+
+    def to_json(self) -> dict[str, Any]:
+        document = asdict(self)
+        document["ok"] = self.ok
+        document["counts"] = self.counts()
+        return document
+
+
+def merge_check(name: str, per_rank: Mapping[int, Mapping[str, Any]], world_size: int,
+                missing_reason: Mapping[int, str]) -> CheckResult:
+    """Merge one check's per-rank records; `missing_reason[rank]` explains a rank that did not report."""
+    ranks: dict[int, Status] = {}
+    reasons: list[str] = []
+    for rank in range(world_size):
+        record = per_rank.get(rank)
+        if record is None:
+            ranks[rank] = "fail"
+            reasons.append(f"rank {rank}: {missing_reason.get(rank, 'did not report')}")
+            continue
+        ranks[rank] = record["status"]
+        if record["status"] == "fail":
+            reasons.append(f"rank {rank}: {record.get('reason') or 'failed'}")
+    statuses = set(ranks.values())
+    if "fail" in statuses:
+        status: Status = "fail"
+        reason = _dedupe_rank_reasons(reasons)
+    elif statuses == {"skip"}:
+        status, reason = "skip", str(per_rank[0].get("reason", "")) if 0 in per_rank else "skipped"
+    elif "skip" in statuses:
+        status = "fail"
+        reason = "ranks disagree: some skipped, some passed"
+    else:
+        status, reason = "pass", ""
+    detail_rank = next((r for r in sorted(per_rank) if per_rank[r]["status"] == "fail"), 0)
+    details = dict(per_rank.get(detail_rank, {}).get("details") or {})
+    return CheckResult(
+        name=name, status=status, reason=reason,
+        duration_s=max((float(r.get("duration_s") or 0.0) for r in per_rank.values()), default=0.0),
+        details=details, ranks=ranks,
+        peak_memory_bytes={r: rec.get("peak_memory_bytes") for r, rec in sorted(per_rank.items())},
+        peak_rss_bytes={r: rec.get("peak_rss_bytes") for r, rec in sorted(per_rank.items())},
+    )
+
+
+def _dedupe_rank_reasons(reasons: Sequence[str]) -> str:
+    """`rank 0: X; rank 1: X` -> `ranks 0,1: X` (the same failure on every rank is one message)."""
+    by_text: dict[str, list[str]] = {}
+    for item in reasons:
+        rank, _, text = item.partition(": ")
+        by_text.setdefault(text, []).append(rank.removeprefix("rank "))
+    parts = []
+    for text, ranks in by_text.items():
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(ranks)}"
+        parts.append(f"{label}: {text}")
+    return "; ".join(parts)
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f}"
+
+
+STATUS_STYLE = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]skip[/]"}
+
+
+def render_table(report: VerifyReport) -> Table:
+    table = Table(title=f"mlstack-ds verify: {report.python} on {report.world_size} rank(s)",
+                  caption=_caption(report))
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("time s", justify="right")
+    table.add_column("peak MiB/rank", justify="right")
+    table.add_column("reason / notes", overflow="fold")
+    for check in report.checks:
+        peaks = [v for v in check.peak_memory_bytes.values() if v is not None]
+        peak = "/".join(_mib(v) for v in check.peak_memory_bytes.values()) if peaks else "n/a"
+        table.add_row(check.name, STATUS_STYLE[check.status], f"{check.duration_s:.1f}", peak,
+                      check.reason or _note(check), )
+    return table
+
+
+def _caption(report: VerifyReport) -> str:
+    counts = report.counts()
+    return (f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in "
+            f"{report.duration_s:.1f} s over {len(report.launches)} launch(es); peak memory is the "
+            "accelerator's (n/a on CPU)")
+
+
+def _note(check: CheckResult) -> str:
+    details = check.details
+    if details.get("losses"):
+        losses = details["losses"]
+        return f"loss {losses[0]:.4f} -> {losses[-1]:.4f} (matches torch reference)"
+    if "max_abs_diff" in details:
+        return f"max |Δ| vs torch {details['max_abs_diff']:.2g}"
+    if "ops" in details and isinstance(details["ops"], Mapping):
+        return ", ".join(f"{n} {v['load_s'] * 1000:.0f} ms" for n, v in details["ops"].items())
+    if "deepspeed" in details:
+        return (f"DeepSpeed {details.get('deepspeed')} ({details.get('deepspeed_git_hash')}), torch "
+                f"{details.get('torch')}, accelerator {details.get('accelerator')}")
+    return ""

@@ -1,0 +1,167 @@
+"""Run the verify suite against a target interpreter and produce a `VerifyReport`.
+
+One launch per group of checks (by default a single launch for the whole suite); the time-out bounds
+the whole run, and a check that did not report is a failure whose reason says why (time-out, a rank
+that died, a launcher that never started the ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlstack_ds import runner
+from mlstack_ds.errors import ToolError, UsageError
+from mlstack_ds.verify import launch
+from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
+from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
+
+DEFAULT_TIMEOUT_S = 300.0
+PROBE_TIMEOUT_S = 60.0
+# Runs in the target interpreter: is torch importable, and how many GPUs does it see?
+PROBE_SCRIPT = """
+import json
+try:
+    import torch
+except Exception as exc:
+    print(json.dumps({"torch": None, "error": f"{type(exc).__name__}: {exc}"}))
+else:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print(json.dumps({"torch": torch.__version__, "gpus": gpus}))
+"""
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    python: Path
+    world_size: int | None = None
+    only: str | None = None
+    skip: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    hostfile: Path | None = None
+    isolate: bool = False
+    extra_env: Mapping[str, str] | None = None  # e.g. the test-only fault injection variable
+    receipt: Path | None = None  # default: the worker reads <target sys.prefix>/share/mlstack-ds/receipt.json
+
+
+@dataclass(frozen=True)
+class TargetProbe:
+    torch_version: str | None
+    gpus: int
+    error: str
+
+
+def resolve_python(python: Path) -> Path:
+    if not python.exists():
+        raise UsageError(f"--python {python}: no such file", hint="pass the target venv's bin/python")
+    if not os.access(python, os.X_OK) or python.is_dir():
+        raise UsageError(f"--python {python}: not an executable", hint="pass the target venv's bin/python")
+    return python
+
+
+def probe_target(python: Path) -> TargetProbe:
+    try:
+        result = runner.run([python, "-c", PROBE_SCRIPT], timeout=PROBE_TIMEOUT_S)
+    except ToolError as exc:
+        return TargetProbe(None, 0, exc.message)
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return TargetProbe(None, 0, f"{python} did not run the probe: {result.tail(3)}")
+    return TargetProbe(data.get("torch"), int(data.get("gpus") or 0), data.get("error", ""))
+
+
+def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m: None) -> VerifyReport:
+    started = time.monotonic()
+    python = resolve_python(options.python)
+    if options.timeout_s <= 0:
+        raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", hint="seconds, e.g. 300")
+    if options.world_size is not None and options.world_size < 1:
+        raise UsageError(f"--world-size {options.world_size}: must be at least 1", hint="e.g. 2")
+    if options.hostfile is not None and options.world_size is not None:
+        raise UsageError("--world-size cannot be combined with --hostfile",
+                         hint="the hostfile's slots=N entries decide how many ranks run on each node")
+    specs = select_checks(options.only, options.skip)
+    hosts = launch.parse_hostfile(options.hostfile) if options.hostfile else None
+
+    probe = probe_target(python)
+    if probe.torch_version is None:
+        reason = f"torch is not importable in {python}: {probe.error}"
+        results = tuple(CheckResult(s.name, "fail", reason, 0.0) for s in specs)
+        return VerifyReport(str(python), options.world_size or 0, results, (), time.monotonic() - started)
+
+    if hosts is not None:
+        world_size = sum(h.slots for h in hosts)
+    else:
+        world_size = options.world_size or (probe.gpus if probe.gpus > 0 else 2)
+    deadline = started + options.timeout_s
+    results: list[CheckResult] = []
+    launches: list[LaunchRecord] = []
+    for group in launch_groups(specs, options.isolate):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            reason = f"timed out after {options.timeout_s:g} s (not started)"
+            results += [CheckResult(s.name, "fail", reason, 0.0) for s in group]
+            continue
+        status(f"launching {len(group)} check(s) on {world_size} rank(s): {', '.join(s.name for s in group)}")
+        group_results, record = _run_group(python, group, world_size, hosts=hosts, options=options,
+                                           timeout_s=remaining)
+        results += group_results
+        launches.append(record)
+    return VerifyReport(str(python), world_size, tuple(results), tuple(launches), time.monotonic() - started)
+
+
+def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
+               hosts: Sequence[launch.HostEntry] | None, options: VerifyOptions,
+               timeout_s: float) -> tuple[list[CheckResult], LaunchRecord]:
+    names = [s.name for s in group]
+    run_id = launch.new_run_id()
+    with tempfile.TemporaryDirectory(prefix="mlstack-verify-") as tmp:
+        out_dir = Path(tmp)
+        args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt)
+        port = launch.free_port()
+        if hosts is not None and options.hostfile is not None:
+            argv = launch.deepspeed_argv(python, options.hostfile, hosts, port, args)
+        else:
+            argv = launch.torchrun_argv(python, world_size, port, args)
+        env = {**os.environ, **(options.extra_env or {})}
+        outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env)
+        logs = launch.read_rank_logs(out_dir, world_size)
+    results = []
+    for name in names:
+        per_rank = {rank: log.results[name] for rank, log in logs.items() if name in log.results}
+        missing = {rank: _why_missing(name, log, rank, outcome, options.timeout_s)
+                   for rank, log in logs.items() if name not in log.results}
+        results.append(merge_check(name, per_rank, world_size, missing))
+    record = LaunchRecord(tuple(argv), tuple(names), outcome.returncode, round(outcome.duration_s, 3),
+                          outcome.timed_out, outcome.log_tail if _any_failed(results) else "")
+    return results, record
+
+
+def _any_failed(results: Sequence[CheckResult]) -> bool:
+    return any(r.status == "fail" for r in results)
+
+
+def _why_missing(name: str, log: launch.RankLog, rank: int, outcome: launch.LaunchOutcome,
+                 timeout_s: float) -> str:
+    if outcome.timed_out:
+        where = "while running it" if log.begun and log.begun[-1] == name else "before reaching it"
+        return f"timed out after {timeout_s:g} s ({where})"
+    code = outcome.rank_exit_codes.get(rank)
+    culprits = sorted((r, c) for r, c in outcome.rank_exit_codes.items() if r != rank and c > 0)
+    if culprits and (code is None or code < 0):
+        culprit, culprit_code = culprits[0]
+        how = f" (signal {-code})" if code is not None else ""
+        return f"stopped by the launcher{how} after rank {culprit} failed (exit code {culprit_code})"
+    exit_text = f"exit code {code}" if code is not None else f"launcher exit code {outcome.returncode}"
+    if not log.started:
+        last = outcome.log_tail.strip().splitlines()[-1:] if outcome.log_tail.strip() else []
+        return f"rank never started ({exit_text}){': ' + last[0] if last else ''}"
+    if log.begun and log.begun[-1] == name:
+        return f"rank died during this check ({exit_text})"
+    return f"not reached: the launch ended early ({exit_text})"

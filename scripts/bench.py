@@ -1,0 +1,26 @@
+#!/usr/bin/env python3
+"""Benchmarks of what users wait for. Subcommands live in their own modules (scripts/bench_<name>.py).
+
+    python scripts/bench.py verify [--python PY --jit-python PY] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+SUBCOMMANDS = {"verify": "bench_verify"}
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in SUBCOMMANDS:
+        sys.stderr.write(f"usage: bench.py {{{','.join(SUBCOMMANDS)}}} [options]\n")
+        return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    module = importlib.import_module(SUBCOMMANDS[sys.argv[1]])
+    return int(module.main(sys.argv[2:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

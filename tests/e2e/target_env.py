@@ -1,0 +1,97 @@
+"""Target venvs that `mlstack-ds install` never makes, built by hand: CPU torch + DeepSpeed 0.19.5 with
+given DS_BUILD_* flags (the verify tests use DS_BUILD_OPS=0, "no prebuilt ops", and the benchmark uses
+the hand-built CPU-ops venv as its baseline). The normal target comes from `mlstack-ds install`
+(tests/e2e/conftest.py: installed_target).
+
+Venvs are cached under `<test cache>/target-venvs/<key>`, the key being the sdist's sha256, the torch
+pin and the build flags, so a second local run reuses them; CI starts with an empty cache. A venv is
+built in place (venv scripts hard-code their path) and marked complete only at the end; a venv
+without the marker is removed and rebuilt, so an interrupted build is never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+TORCH_PIN = "torch==2.13.0"  # never unpinned: an unpinned torch pulls a multi-GB CUDA build
+# DeepSpeed 0.19.5's requirements/requirements.txt, minus torch (pinned above).
+DEEPSPEED_RUNTIME_DEPS = ("einops", "hjson", "msgpack", "ninja", "numpy", "packaging>=20.0", "psutil",
+                          "py-cpuinfo", "pydantic>=2.0.0", "tqdm")
+CPU_OPS_FLAGS: Mapping[str, str] = {
+    "DS_ACCELERATOR": "cpu",
+    "DS_BUILD_OPS": "0",
+    "DS_BUILD_CPU_ADAM": "1",
+    "DS_BUILD_FUSED_ADAM": "1",
+    "DS_BUILD_SHM_COMM": "1",
+}
+NO_OPS_FLAGS: Mapping[str, str] = {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cache_dir() -> Path:
+    """Same place as tests/conftest.py's cache ($MLSTACK_TEST_CACHE, default <repo>/.cache/test)."""
+    path = Path(os.environ.get("MLSTACK_TEST_CACHE", REPO_ROOT / ".cache" / "test"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class TargetVenv:
+    root: Path
+    build_seconds: float  # 0.0 when it came from the cache
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+
+def cache_key(sdist: Path, flags: Mapping[str, str]) -> str:
+    sdist_sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    blob = json.dumps({"sdist": sdist_sha, "torch": TORCH_PIN, "flags": dict(sorted(flags.items())),
+                       "python": f"{sys.version_info.major}.{sys.version_info.minor}"}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def build_target_venv(sdist: Path, flags: Mapping[str, str], cache_dir: Path) -> TargetVenv:
+    """Return a venv with torch (pinned) and DeepSpeed from `sdist` built with `flags`; cached."""
+    final = cache_dir / "target-venvs" / cache_key(sdist, flags)
+    marker = final / "mlstack-test-complete"
+    if marker.exists():
+        return TargetVenv(final, 0.0)
+    shutil.rmtree(final, ignore_errors=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ds-src-") as src:
+        _run([sys.executable, "-m", "venv", str(final)])
+        pip = [str(final / "bin" / "python"), "-m", "pip", "install", "-q"]
+        _run([*pip, TORCH_PIN, *DEEPSPEED_RUNTIME_DEPS])
+        with tarfile.open(sdist) as tar:
+            tar.extractall(src, filter="data")
+        (tree,) = Path(src).iterdir()
+        _run([*pip, "--no-build-isolation", "--no-deps", str(tree)], env={**os.environ, **flags})
+    marker.write_text(json.dumps(dict(flags), sort_keys=True) + "\n")
+    return TargetVenv(final, time.monotonic() - started)
+
+
+def _run(argv: list[str], env: Mapping[str, str] | None = None) -> None:
+    proc = subprocess.run(argv, env=dict(env) if env else None, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+
+
+if __name__ == "__main__":  # manual use: python tests/e2e/target_env.py SDIST [noops]
+    chosen = NO_OPS_FLAGS if sys.argv[2:] == ["noops"] else CPU_OPS_FLAGS
+    made = build_target_venv(Path(sys.argv[1]), chosen, test_cache_dir())
+    print(made.root, f"{made.build_seconds:.1f}s")

@@ -1,0 +1,190 @@
+"""`mlstack-ds verify` for real: 2 CPU ranks under torch.distributed.run, real DeepSpeed 0.19.5.
+
+About ZeRO-3 on an unpatched 0.19.5 (research/zero3-cpu-race.md): the coalesced all-gather race
+corrupts about one multi-rank CPU run in six, and verify is *meant* to catch it. So on an unpatched
+install these tests accept, for the race-prone checks only, either a pass or a failure whose reason
+is the loss-curve judgement naming a step; once the installed DeepSpeed waits on every all-gather
+handle (the backport, PR #8539), they require a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlstack_ds.verify.suite import VerifyOptions
+from mlstack_ds.verify.suite import run_verify as run_suite
+
+pytestmark = pytest.mark.slow
+
+RACE_PRONE = {"zero3", "zero3_offload", "checkpoint"}
+# The two ways the race shows (worker.py): a loss curve leaving the reference at a named step, or the
+# coalesced GatheredParameters probe disagreeing with one-by-one gathers.
+RACE_SIGNATURE = re.compile(r"step \d+: loss (is (nan|inf|-inf)|\S+ deviates from the torch AdamW reference)"
+                            r"|GatheredParameters over all parameters \(one coalesced all-gather\) returned "
+                            r"wrong values")
+EXPECTED_SKIPS = {"fused_lamb", "fused_lion", "amd_specific"}  # not built for CPU; unpatched build
+
+
+def run_verify(python: Path, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    argv = [sys.executable, "-m", "mlstack_ds", "verify", "--python", str(python), "--json", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})})
+    return proc, json.loads(proc.stdout)  # the JSON report is the single stdout document
+
+
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def race_fixed(python: Path) -> bool:
+    """Does the installed partition_parameters.py still wait on the last all-gather handle only?"""
+    out = subprocess.run([str(python), "-c", "import deepspeed.runtime.zero.partition_parameters as m; "
+                          "print(m.__file__)"], capture_output=True, text=True, check=True).stdout
+    return "launch_handles[-1].wait()" not in Path(out.strip().splitlines()[-1]).read_text()
+
+
+def leftover_processes(marker: str) -> list[int]:
+    needle = marker.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_full_suite_on_two_cpu_ranks(target_venv) -> None:
+    started = time.monotonic()
+    proc, report = run_verify(target_venv.python, "--timeout", "400")
+    wall = time.monotonic() - started
+    checks = by_name(report)
+    timings = ", ".join(f"{n} {c['status']} {c['duration_s']:.1f}s" for n, c in checks.items())
+    failures = "; ".join(f"{n}: {c['reason']}" for n, c in checks.items() if c["status"] == "fail")
+    sys.stderr.write(f"\n[verify e2e] whole suite {wall:.1f} s; {timings}\n"
+                     f"[verify e2e] failures: {failures or 'none'}\n")
+    assert report["world_size"] == 2 and len(report["launches"]) == 1
+    strict = race_fixed(target_venv.python)
+    for name, check in checks.items():
+        if name in EXPECTED_SKIPS:
+            assert check["status"] == "skip" and check["reason"], check
+        elif name in RACE_PRONE and not strict and check["status"] == "fail":
+            assert RACE_SIGNATURE.search(check["reason"]), check  # the known race, caught honestly
+        else:
+            assert check["status"] == "pass", check
+    env = checks["environment"]["details"]
+    assert env["accelerator"] == "cpu" and env["deepspeed"] == "0.19.5" and env["torch"].startswith("2.13.0")
+    assert set(checks["prebuilt_ops"]["details"]["ops"]) >= {"cpu_adam", "fused_adam"}
+    zero3 = checks["zero3"]["details"]
+    assert 0.45 <= zero3["param_share"] <= 0.55 and zero3["partitioned_params"] > 0
+    assert 0.45 <= checks["zero1"]["details"]["optimizer_state_share"] <= 0.55
+    assert "bf16" in checks["precision"]["details"]["ran"]
+    assert proc.returncode == (0 if report["ok"] else 8)
+
+
+def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: Path) -> None:
+    proc, report = run_verify(torch_only_python, "--only", "environment,prebuilt_ops,zero1",
+                              "--timeout", "120")
+    assert proc.returncode == 8 and not report["ok"]
+    for check in report["checks"]:
+        assert check["status"] == "fail"
+        assert "deepspeed is not importable: ModuleNotFoundError" in check["reason"], check
+
+
+def test_deepspeed_without_prebuilt_ops_fails_instead_of_compiling(no_ops_venv) -> None:
+    proc, report = run_verify(no_ops_venv.python, "--only", "environment,prebuilt_ops,cpu_adam,zero2_offload",
+                              "--timeout", "180")
+    checks = by_name(report)
+    assert proc.returncode == 8
+    assert all(c["status"] == "fail" for c in checks.values())
+    # On CPU, deepspeed.init_distributed loads the shm_comm op: without a prebuilt one it would compile.
+    jit_shm = "op 'deepspeed_shm_comm' is not prebuilt: DeepSpeed tried to JIT-compile it"
+    assert jit_shm in checks["environment"]["reason"]
+    assert "no prebuilt ops" in checks["prebuilt_ops"]["reason"]
+    assert "op 'cpu_adam' is not prebuilt: DeepSpeed tried to JIT-compile it" in checks["cpu_adam"]["reason"]
+    assert jit_shm in checks["zero2_offload"]["reason"]
+
+
+def test_a_hanging_rank_times_out_and_leaves_no_process(target_venv) -> None:
+    token = uuid.uuid4().hex
+    marker = f"MLSTACK_E2E_MARKER={token}"
+    env = {"MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:zero1", "MLSTACK_E2E_MARKER": token}
+    started = time.monotonic()
+    proc, report = run_verify(target_venv.python, "--only", "environment,zero1,zero2", "--timeout", "45",
+                              env=env)
+    elapsed = time.monotonic() - started
+    checks = by_name(report)
+    assert proc.returncode == 8
+    assert elapsed < 45 + 30  # the time-out plus probe and kill grace
+    assert checks["environment"]["status"] == "pass"
+    assert checks["zero1"]["status"] == "fail"
+    assert "timed out after 45 s (while running it)" in checks["zero1"]["reason"]
+    assert checks["zero2"]["status"] == "fail" and "timed out after 45 s" in checks["zero2"]["reason"]
+    assert report["launches"][0]["timed_out"] is True
+    assert leftover_processes(marker) == []
+
+
+def test_a_crashing_rank_fails_its_check_and_leaves_no_process(target_venv) -> None:
+    token = uuid.uuid4().hex
+    marker = f"MLSTACK_E2E_MARKER={token}"
+    env = {"MLSTACK_VERIFY_TEST_FAULT": "crash:rank1:zero1", "MLSTACK_E2E_MARKER": token}
+    proc, report = run_verify(target_venv.python, "--only", "environment,zero1,zero2", "--timeout", "120",
+                              env=env)
+    checks = by_name(report)
+    assert proc.returncode == 8
+    assert checks["environment"]["status"] == "pass"
+    assert checks["zero1"]["status"] == "fail"
+    assert "rank 1: rank died during this check (exit code 17)" in checks["zero1"]["reason"]
+    assert "rank 0: stopped by the launcher (signal 15) after rank 1 failed (exit code 17)" in (
+        checks["zero1"]["reason"])
+    assert checks["zero2"]["status"] == "fail"
+    assert report["launches"][0]["timed_out"] is False
+    assert leftover_processes(marker) == []
+
+
+def write_receipt(path: Path, **overrides: Any) -> Path:
+    receipt = {"deepspeed_version": "0.19.5", "ops": ["cpu_adam", "fused_adam", "deepspeed_shm_comm"],
+               "platform": "cpu", "archs": [], "patches": [], **overrides}
+    path.write_text(json.dumps(receipt))
+    return path
+
+
+def test_a_receipt_that_matches_the_install_passes(target_venv, tmp_path: Path) -> None:
+    report = run_suite(VerifyOptions(python=target_venv.python, only="environment,prebuilt_ops,amd_specific",
+                                     timeout_s=120, receipt=write_receipt(tmp_path / "receipt.json")))
+    checks = {c.name: c for c in report.checks}
+    assert report.ok, checks
+    assert checks["environment"].details["receipt"] is True
+    assert checks["prebuilt_ops"].details["source"] == "receipt"
+    assert checks["amd_specific"].status == "skip"
+
+
+def test_a_receipt_that_does_not_match_fails_naming_what_differs(target_venv, tmp_path: Path) -> None:
+    receipt = write_receipt(tmp_path / "receipt.json", deepspeed_version="0.19.6", platform="rocm",
+                            ops=["cpu_adam", "async_io", "fused_lamb"],
+                            patches=["0004-amd-specific-config-section.patch"])
+    report = run_suite(VerifyOptions(python=target_venv.python, only="environment,prebuilt_ops,amd_specific",
+                                     timeout_s=120, receipt=receipt))
+    checks = {c.name: c for c in report.checks}
+    assert not report.ok
+    assert "installed DeepSpeed 0.19.5 is not the receipt's 0.19.6" in checks["environment"].reason
+    assert "accelerator is 'cpu', the receipt planned 'cuda'" in checks["environment"].reason
+    ops_reason = checks["prebuilt_ops"].reason
+    assert "async_io: the receipt lists it but DeepSpeed's installed_ops says not built" in ops_reason
+    assert "fused_lamb: unknown to this DeepSpeed/accelerator" in ops_reason  # a GPU op, on CPU
+    # the receipt claims the amd_specific patch, but this (unpatched) DeepSpeed accepts any key there
+    assert checks["amd_specific"].status == "fail"
+    assert "invalid key in amd_specific was accepted" in checks["amd_specific"].reason

@@ -1,0 +1,141 @@
+"""Launcher argv, hostfile parsing, result files, and the no-orphans guarantee of `run_launch`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mlstack_ds.errors import UsageError
+from mlstack_ds.verify import launch
+
+
+def test_torchrun_argv_uses_loopback_the_given_port_and_no_restarts() -> None:
+    args = launch.worker_args(["zero1", "zero3"], Path("/tmp/out"), 120, "rid")
+    argv = launch.torchrun_argv(Path("/venv/bin/python"), 2, 29555, args)
+    assert argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert argv[argv.index("--master-addr") + 1] == "127.0.0.1"
+    assert argv[argv.index("--master-port") + 1] == "29555"
+    assert argv[argv.index("--max-restarts") + 1] == "0"
+    worker = argv.index(str(launch.WORKER))
+    assert argv[worker + 1:] == ["--checks", "zero1,zero3", "--out", "/tmp/out", "--timeout", "120",
+                                 "--run-id", "rid"]
+
+
+def test_worker_is_shipped_next_to_the_launcher() -> None:
+    assert launch.WORKER.is_file()
+
+
+def test_worker_imports_nothing_from_the_tool() -> None:
+    source = launch.WORKER.read_text()
+    assert "mlstack_ds" not in "\n".join(line for line in source.splitlines() if "import" in line)
+
+
+def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode-a slots=8\nnode-b   slots = 8  # second\n\n")
+    hosts = launch.parse_hostfile(hostfile)
+    assert hosts == [launch.HostEntry("node-a", 8), launch.HostEntry("node-b", 8)]
+    args = launch.worker_args(["zero3"], Path("/shared/out"), 60, "rid")
+    argv = launch.deepspeed_argv(Path("/venv/bin/python"), hostfile, hosts, 29600, args)
+    assert argv[:3] == ["/venv/bin/python", "-m", "deepspeed.launcher.runner"]
+    assert argv[argv.index("--hostfile") + 1] == str(hostfile)
+    assert argv[argv.index("--master_addr") + 1] == "node-a"
+    assert argv[argv.index("--master_port") + 1] == "29600"
+    assert "--num_gpus" not in argv
+    assert argv[argv.index(str(launch.WORKER)):] == args
+    with_gpus = launch.deepspeed_argv(Path("p"), hostfile, hosts, 1, args, gpus_per_node=4)
+    assert with_gpus[with_gpus.index("--num_gpus") + 1] == "4"
+
+
+@pytest.mark.parametrize("content", ["node-a\n", "node-a slots=0\n", "node-a slots=x\n", "# only\n", ""])
+def test_bad_hostfiles_are_usage_errors(tmp_path: Path, content: str) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(content)
+    with pytest.raises(UsageError, match="--hostfile"):
+        launch.parse_hostfile(hostfile)
+
+
+def test_missing_hostfile_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot read"):
+        launch.parse_hostfile(tmp_path / "nope")
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = launch.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_rank_exit_codes_from_torchrun_failure_summary() -> None:
+    log = textwrap.dedent("""\
+        Root Cause (first observed failure):
+        [0]:
+          time      : 2026-11-22_08:00:00
+          host      : box
+          rank      : 1 (local_rank: 1)
+          exitcode  : 17 (pid: 4242)
+    """)
+    assert launch.rank_exit_codes(log) == {1: 17}
+
+
+def test_read_rank_logs_keeps_what_a_dead_rank_wrote(tmp_path: Path) -> None:
+    lines = [{"event": "hello", "rank": 1}, {"event": "start", "check": "zero1"},
+             {"event": "result", "check": "zero1", "status": "pass"}, {"event": "start", "check": "zero2"}]
+    (tmp_path / "rank1.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{truncated")
+    logs = launch.read_rank_logs(tmp_path, 2)
+    assert not logs[0].started and logs[0].results == {}
+    assert logs[1].started and logs[1].begun == ("zero1", "zero2") and list(logs[1].results) == ["zero1"]
+
+
+def test_summary_from_rank0_fills_in_remote_ranks(tmp_path: Path) -> None:
+    summary = {"ranks": {"0": [{"check": "zero1", "status": "pass"}],
+                         "1": [{"check": "zero1", "status": "fail"}]}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    logs = launch.read_rank_logs(tmp_path, 2)
+    assert logs[1].results["zero1"]["status"] == "fail"
+
+
+# A stand-in for torchrun's behaviour that matters here: it starts its worker in a *new session*, so
+# killing the launcher's process group alone would leave the worker running.
+FAKE_LAUNCHER = textwrap.dedent("""\
+    import subprocess, sys, time
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    time.sleep(600)
+""")
+
+
+def test_run_launch_timeout_leaves_no_process_of_the_launch(tmp_path: Path) -> None:
+    run_id = launch.new_run_id()
+    started = time.monotonic()
+    outcome = launch.run_launch([sys.executable, "-c", FAKE_LAUNCHER], timeout_s=2, run_id=run_id)
+    assert outcome.timed_out and outcome.returncode is None
+    assert time.monotonic() - started < 15
+    assert launch.processes_with_marker(run_id) == []
+
+
+def test_sweep_kills_marked_processes_only(tmp_path: Path) -> None:
+    run_id = launch.new_run_id()
+    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              env={**os.environ, launch.RUN_ID_ENV: run_id}, start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                 env={**os.environ, launch.RUN_ID_ENV: "someone-else"})
+    try:
+        deadline = time.monotonic() + 10
+        while marked.pid not in launch.processes_with_marker(run_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert launch.sweep(run_id) == [marked.pid]
+        assert marked.wait(timeout=5) == -9
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -1,0 +1,41 @@
+"""Why a rank did not report a check: the reasons the report gives for absent results."""
+
+from __future__ import annotations
+
+from mlstack_ds.verify.launch import LaunchOutcome, RankLog
+from mlstack_ds.verify.suite import _why_missing
+
+
+def rank_log(*begun: str, started: bool = True) -> RankLog:
+    return RankLog(started, begun, {})
+
+
+def test_time_out_while_running_the_check() -> None:
+    outcome = LaunchOutcome(None, 30.0, True, "")
+    assert _why_missing("zero1", rank_log("environment", "zero1"), 0, outcome, 30) == (
+        "timed out after 30 s (while running it)")
+    assert _why_missing("zero2", rank_log("environment", "zero1"), 0, outcome, 30) == (
+        "timed out after 30 s (before reaching it)")
+
+
+def test_the_rank_that_crashed_and_the_rank_the_launcher_stopped() -> None:
+    outcome = LaunchOutcome(1, 5.0, False, "boom", {1: 17})
+    assert _why_missing("zero1", rank_log("zero1"), 1, outcome, 30) == (
+        "rank died during this check (exit code 17)")
+    assert _why_missing("zero1", rank_log("zero1"), 0, outcome, 30) == (
+        "stopped by the launcher after rank 1 failed (exit code 17)")
+    signalled = LaunchOutcome(1, 5.0, False, "boom", {0: -15, 1: 17})
+    assert _why_missing("zero1", rank_log("zero1"), 0, signalled, 30) == (
+        "stopped by the launcher (signal 15) after rank 1 failed (exit code 17)")
+
+
+def test_a_rank_that_never_started_quotes_the_launcher() -> None:
+    outcome = LaunchOutcome(1, 1.0, False, "Traceback...\nModuleNotFoundError: No module named 'torch'")
+    assert _why_missing("zero1", rank_log(started=False), 0, outcome, 30) == (
+        "rank never started (launcher exit code 1): ModuleNotFoundError: No module named 'torch'")
+
+
+def test_not_reached_after_an_early_end() -> None:
+    outcome = LaunchOutcome(1, 1.0, False, "")
+    assert _why_missing("zero2", rank_log("zero1"), 0, outcome, 30) == (
+        "not reached: the launch ended early (launcher exit code 1)")
