@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of what users wait for. Subcommands live in their own modules (scripts/bench_<name>.py).
 
+    python scripts/bench.py install [--json-out FILE] [--markdown-out FILE]
     python scripts/bench.py verify [--python PY --jit-python PY] [--json-out FILE]
 """
 
@@ -10,7 +11,7 @@ import importlib
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = {"verify": "bench_verify"}
+SUBCOMMANDS = {"install": "bench_install", "verify": "bench_verify"}
 
 
 def main() -> int:
