@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from mlstack_ds.buildspec import parse_platform
 from mlstack_ds.console import make_output
 from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
 
@@ -52,13 +53,24 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show one recipe: the pin and the patch series it uses."""
         output = make_output(json_output)
-        document = recipe_document(find_recipe(name))
+        recipe = find_recipe(name)
+        document = recipe_document(recipe)
+        builds = [parse_platform(p, table, str(recipe.path)) for p, table in recipe.platforms.items()]
         if json_output:
             output.emit_json(document)
             return
         for key, value in document.items():
+            if key == "platforms":
+                continue
             if isinstance(value, dict):
                 for sub, item in value.items():
                     output.out.print(f"{key}.{sub}: {item}")
             else:
                 output.out.print(f"{key}: {value}")
+        for build in builds:
+            ops = Table("op", "build", "DS_BUILD flag", "why", title=f"{build.platform} (DS_ACCELERATOR="
+                        f"{build.accelerator})", title_justify="left")
+            for op in build.ops:
+                needs = f" (needs {op.requires})" if op.requires else ""
+                ops.add_row(op.name, "yes" if op.build else "no", op.flag, op.reason + needs)
+            output.out.print(ops)
