@@ -660,10 +660,15 @@ def check_checkpoint(ctx):
 
 
 def amd_patch_present(ctx):
+    import importlib.util  # noqa: PLC0415
+
     from deepspeed.runtime import config as ds_runtime_config  # noqa: PLC0415
 
-    if hasattr(ds_runtime_config, "AMD_SPECIFIC") or hasattr(ds_runtime_config, "get_amd_specific_config"):
-        return True, "deepspeed.runtime.config defines the amd_specific section"
+    # mlstack-ds's patch 0014 adds deepspeed/runtime/amd_specific.py and wires get_amd_config into
+    # runtime.config; the other names are kept for builds patched another way.
+    if importlib.util.find_spec("deepspeed.runtime.amd_specific") is not None or any(
+            hasattr(ds_runtime_config, n) for n in ("get_amd_config", "AMD_SPECIFIC", "get_amd_specific_config")):
+        return True, "DeepSpeed defines the amd_specific config section (deepspeed.runtime.amd_specific)"
     patches = (ctx.receipt or {}).get("patches") or []
     named = [p for p in patches if "amd" in str(p).lower() and "specific" in str(p).lower()]
     if named:
