@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds import runner
+from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import ToolError, UsageError
 from mlstack_ds.verify import launch
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
@@ -54,14 +55,6 @@ class TargetProbe:
     torch_version: str | None
     gpus: int
     error: str
-
-
-def resolve_python(python: Path) -> Path:
-    if not python.exists():
-        raise UsageError(f"--python {python}: no such file", hint="pass the target venv's bin/python")
-    if not os.access(python, os.X_OK) or python.is_dir():
-        raise UsageError(f"--python {python}: not an executable", hint="pass the target venv's bin/python")
-    return python
 
 
 def probe_target(python: Path) -> TargetProbe:

@@ -29,7 +29,7 @@ def test_python_that_is_not_executable(capsys: pytest.CaptureFixture[str], tmp_p
     plain = tmp_path / "python"
     plain.write_text("")
     code, err = run_cli(["--python", str(plain)], capsys)
-    assert code == 2 and "not an executable" in err
+    assert code == 2 and "not executable" in err
 
 
 @pytest.mark.parametrize(("option", "value"), [("--timeout", "0"), ("--world-size", "0")])
