@@ -14,6 +14,7 @@ from mlstack_ds.doctor import Diagnosis, diagnose
 from mlstack_ds.doctor.dsconfig import read_nvme_offload
 from mlstack_ds.doctor.report import render_markdown
 from mlstack_ds.errors import ExitCode, UsageError
+from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -75,7 +76,8 @@ def register(app: typer.Typer) -> None:
         log_text = _read_log(log) if log is not None else None
         nvme = read_nvme_offload(ds_config) if ds_config is not None else False
         output = make_output(json_output)
-        diagnosis = diagnose(python=python, log_text=log_text, root=sys_root, nvme_offload=nvme)
+        diagnosis = diagnose(python=python, log_text=log_text, root=sys_root, nvme_offload=nvme,
+                             min_rocm=find_recipe(DEFAULT_RECIPE).min_rocm)
         if json_output:
             output.emit_json(diagnosis.to_dict())
         elif report:
