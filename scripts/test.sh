@@ -29,7 +29,9 @@ fi
 if [[ ! -x $VENV/bin/python ]]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC"
+# DeepSpeed's runtime deps: tests/stress imports DeepSpeed 0.19.5 from source trees (no install).
+DEEPSPEED_RUNTIME_DEPS=(einops hjson msgpack ninja numpy "packaging>=20.0" psutil py-cpuinfo "pydantic>=2.0.0" tqdm)
+"$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC" "${DEEPSPEED_RUNTIME_DEPS[@]}"
 
 "$VENV/bin/ruff" check mlstack_ds tests scripts
 set +e
