@@ -69,6 +69,12 @@ def run_worker(args: argparse.Namespace) -> None:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(1)
+    if args.skip_shm_op:
+        # shm_comm only serves inference_all_reduce, never training; from a source tree it would be
+        # JIT-compiled (~100 s on 2 cores) before the first step.
+        import deepspeed.comm.torch  # noqa: PLC0415
+
+        deepspeed.comm.torch.build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
     zero_options = json.loads(args.zero_options)
@@ -81,21 +87,26 @@ def run_worker(args: argparse.Namespace) -> None:
         reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-3)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=_zero_config(stage, zero_options))
-        batches = torch.Generator().manual_seed(1000 + args.seed + index)  # same batch on every rank
+        # Every rank draws the same global batch; with --batches distinct each trains on its own slice
+        # and the reference on all of it (the mean of the ranks' gradients is the global gradient).
+        batches = torch.Generator().manual_seed(1000 + args.seed + index)
+        ranks = torch.distributed.get_world_size() if args.batches == "distinct" else 1
+        local = slice(4 * rank, 4 * rank + 4) if args.batches == "distinct" else slice(0, 4)
         ds_losses: list[float] = []
         ref_losses: list[float] = []
         for _ in range(args.steps):
-            inputs = torch.randn(4, 128, generator=batches)
-            targets = torch.randn(4, 128, generator=batches)
+            all_inputs = torch.randn(4 * ranks, 128, generator=batches)
+            all_targets = torch.randn(4 * ranks, 128, generator=batches)
+            inputs, targets = all_inputs[local], all_targets[local]
             loss = torch.nn.functional.mse_loss(engine(inputs), targets)
             engine.backward(loss)
             engine.step()
             ds_losses.append(loss.item())
+            with torch.no_grad():
+                ref_losses.append(torch.nn.functional.mse_loss(reference(inputs), targets).item())
             reference_optimizer.zero_grad()
-            ref_loss = torch.nn.functional.mse_loss(reference(inputs), targets)
-            ref_loss.backward()
+            torch.nn.functional.mse_loss(reference(all_inputs), all_targets).backward()
             reference_optimizer.step()
-            ref_losses.append(ref_loss.item())
         engine.destroy()
         del engine
         engines.append({"stage": stage, "ds_losses": ds_losses, "ref_losses": ref_losses,
@@ -209,7 +220,10 @@ def launch_once(index: int, args: argparse.Namespace) -> RunOutcome:
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                 str(Path(__file__).resolve()), "--worker", "--result-dir", result_dir,
                 "--stages", ",".join(map(str, args.stages)), "--steps", str(args.steps),
-                "--seed", str(args.seed), "--zero-options", json.dumps(args.zero_options)]
+                "--seed", str(args.seed), "--zero-options", json.dumps(args.zero_options),
+                "--batches", args.batches]
+        if args.skip_shm_op:
+            argv.append("--skip-shm-op")
         proc = subprocess.Popen(argv, env=worker_env(args.deepspeed_tree), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -262,10 +276,12 @@ def summarise(outcomes: list[RunOutcome], args: argparse.Namespace) -> dict[str,
         "stages": args.stages,
         "steps": args.steps,
         "zero_options": args.zero_options,
+        "batches": args.batches,
         "rtol": args.rtol,
         "atol": args.atol,
         "python": args.python,
         "deepspeed_tree": str(args.deepspeed_tree) if args.deepspeed_tree else None,
+        "skip_shm_op": args.skip_shm_op,
         "deepspeed": next((o.detail for o in judged), None),
         "mean_launch_seconds": (sum(o.seconds for o in judged) / len(judged)) if judged else None,
         "outcomes": [asdict(o) for o in outcomes],
@@ -303,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ZeRO stage per engine, made one after another in one process (default 3)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per engine (default 8)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batches", choices=("same", "distinct"), default="same",
+                        help="same batch on every rank (default, as in the research) or a slice each "
+                             "(also catches a skipped gradient all-reduce)")
     parser.add_argument("--zero-option", dest="zero_option_list", type=parse_zero_option, action="append",
                         default=[], metavar="KEY=JSON",
                         help="extra zero_optimization entry, e.g. contiguous_gradients=false (repeatable)")
@@ -311,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per launch before it is killed")
     parser.add_argument("--stop-after-corrupted", type=int, default=0, metavar="K",
                         help="stop once K runs were corrupted (0: never)")
+    parser.add_argument("--skip-shm-op", action="store_true",
+                        help="skip DeepSpeed's shm_comm op (inference only; saves its JIT build from a tree)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     # worker mode (used by the launcher, not by people)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
