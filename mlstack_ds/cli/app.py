@@ -10,6 +10,12 @@ import os
 import sys
 
 import typer
+
+# Click's exception classes: vendored inside newer typers, the click package in older ones.
+try:
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # a typer that still depends on click
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 from rich.console import Console
 from rich.markup import escape
 
@@ -53,14 +59,32 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, map every failure to a documented exit code."""
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     debug = os.environ.get("MLSTACK_DEBUG", "") not in ("", "0")
     app = build_app()
     try:
-        # standalone mode: typer itself reports usage errors (exit 2) and calls sys.exit.
-        app(args=argv, prog_name="mlstack-ds")
+        # Not standalone: usage errors come here, so they get our one-line form instead of click's box.
+        result = app(args=argv, prog_name="mlstack-ds", standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:  # a bare group (`mlstack-ds patches`): its help
+        exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    except click_exceptions.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx is not None else "mlstack-ds"
+        err.print(f"[bold red]error:[/] {escape(_one_line(exc.format_message()))}")
+        err.print(f"[dim]hint:[/] see '{escape(command)} --help'")
+        sys.exit(int(ExitCode.USAGE))
+    except click_exceptions.ClickException as exc:  # e.g. a file option that cannot be opened
+        err.print(f"[bold red]error:[/] {escape(_one_line(exc.format_message()))}")
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("[bold red]interrupted[/]")
+        sys.exit(int(ExitCode.INTERRUPTED))
     except MlstackError as exc:
         if debug:
             err.print_exception()
@@ -77,3 +101,5 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}")
         err.print("[dim]hint:[/] this is a bug in mlstack-ds; rerun with MLSTACK_DEBUG=1 and report it")
         sys.exit(int(ExitCode.BUG))
+    # typer.Exit(code), --help and --version return their exit code; a finished command returns None.
+    sys.exit(result if isinstance(result, int) else 0)

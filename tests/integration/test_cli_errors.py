@@ -22,9 +22,28 @@ def test_version_and_help() -> None:
 
 def test_unknown_command_is_usage_error() -> None:
     result = cli("no-such-command")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: No such command 'no-such-command'.",
+                                          "hint: see 'mlstack-ds --help'"]
 
 
-def test_bad_option_value_is_usage_error() -> None:
-    result = cli("detect", "--tool-timeout", "soon")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+def test_bad_option_value_is_one_line_usage_error_naming_the_commands_help() -> None:
+    result = cli("detect", "--tool-timeout", "soon", COLUMNS="40")
+    assert result.returncode == 2 and result.stdout == ""
+    error, hint = result.stderr.splitlines()  # one line each, even on a narrow terminal
+    assert error.startswith("error: Invalid value for '--tool-timeout'")
+    assert hint == "hint: see 'mlstack-ds detect --help'"
+
+
+def test_extra_argument_is_one_line_usage_error() -> None:
+    result = cli("patches", "apply", "/some/tree")
+    assert result.returncode == 2
+    error, hint = result.stderr.splitlines()
+    assert error.startswith("error: Got unexpected extra argument") and error.endswith("(/some/tree)")
+    assert hint == "hint: see 'mlstack-ds patches apply --help'"
+
+
+def test_bare_group_shows_its_help() -> None:
+    result = cli("patches")
+    assert result.returncode == 2
+    assert "apply" in result.stdout + result.stderr and "Traceback" not in result.stderr
