@@ -23,6 +23,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from mlstack_ds import __version__
 from mlstack_ds.build import BuiltWheel
+from mlstack_ds.deepspeed_build import read_deepspeed_build
 from mlstack_ds.errors import InstallError, Interrupted, ToolError
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import PreviousInstall, Receipt, read_receipt, remove_receipt, write_receipt
@@ -33,30 +34,17 @@ PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-
 PIP_TIMEOUT_S = 1800.0
 
 INSTALLED_PROBE = r"""
-import ast, importlib.util, json, os
+import importlib.util, json
 from importlib import metadata
-out = {"deepspeed": None, "torch": None}
-try:
-    out["torch"] = metadata.version("torch")
-except metadata.PackageNotFoundError:
-    pass
-spec = importlib.util.find_spec("deepspeed")
-if spec is not None and spec.submodule_search_locations:
-    pkg = list(spec.submodule_search_locations)[0]
-    info = {"location": pkg, "version": None, "installed_ops": {}, "torch_info": {}}
+out = {"deepspeed": None, "deepspeed_version": None, "torch": None}
+for name, key in (("torch", "torch"), ("deepspeed", "deepspeed_version")):
     try:
-        info["version"] = metadata.version("deepspeed")
+        out[key] = metadata.version(name)
     except metadata.PackageNotFoundError:
         pass
-    path = os.path.join(pkg, "git_version_info_installed.py")
-    if os.path.exists(path):
-        for node in ast.parse(open(path).read()).body:
-            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-                try:
-                    info[node.targets[0].id] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-    out["deepspeed"] = info
+spec = importlib.util.find_spec("deepspeed")
+if spec is not None and spec.submodule_search_locations:
+    out["deepspeed"] = list(spec.submodule_search_locations)[0]
 print(json.dumps(out))
 """
 
@@ -70,17 +58,18 @@ class InstalledState:
 
 
 def probe_installed(python: str) -> InstalledState:
-    """What the target has now, read without importing deepspeed or torch (fast, side-effect free)."""
+    """What the target has now, read without importing deepspeed or torch (fast, side-effect free):
+    the interpreter says where its packages are, DeepSpeed's build record says which ops it has."""
     result = run([python, "-c", INSTALLED_PROBE], timeout=60)
     if not result.ok:
         raise InstallError(f"cannot inspect {python}: {result.tail(1)}", hint="check that the interpreter runs")
     data = json.loads(result.stdout.strip().splitlines()[-1])
-    ds = data.get("deepspeed") or {}
-    ops = ds.get("installed_ops") or {}
+    location = data.get("deepspeed")
+    build = read_deepspeed_build(Path(location), warnings=[]) if location else None
     return InstalledState(
-        deepspeed_version=ds.get("version"),
-        deepspeed_location=ds.get("location"),
-        prebuilt_ops=tuple(sorted(name for name, on in ops.items() if on)),
+        deepspeed_version=data.get("deepspeed_version") if location else None,
+        deepspeed_location=location,
+        prebuilt_ops=tuple(build.prebuilt_ops) if build else (),
         torch_version=data.get("torch"),
     )
 

@@ -9,7 +9,6 @@ Nothing here raises for what a machine lacks: unknowns are `None` and problems b
 
 from __future__ import annotations
 
-import ast
 import grp
 import json
 import os
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlstack_ds import gfx
+from mlstack_ds.deepspeed_build import DeepSpeedBuild, read_deepspeed_build
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
 from mlstack_ds.errors import ToolError
@@ -46,24 +46,6 @@ print("MLSTACK_FACTS_JSON:" + json.dumps({
     "nvidia": sorted(n for n in names if n.startswith("nvidia-")),
 }))
 """
-
-
-@dataclass(frozen=True)
-class DeepSpeedBuild:
-    """What `deepspeed/git_version_info_installed.py` (written by DeepSpeed's setup.py) records."""
-
-    path: str
-    version: str
-    installed_ops: Mapping[str, bool]
-    torch_version: str  # "2.3" or "0.0" when the wheel was built without torch
-    hip_version: str  # "6.0" or "0.0"
-    cuda_version: str
-    accelerator: str
-
-    @property
-    def prebuilt_ops(self) -> list[str]:
-        return sorted(name for name, on in self.installed_ops.items()
-                      if on and name != "deepspeed_not_implemented")
 
 
 @dataclass(frozen=True)
@@ -128,9 +110,7 @@ def collect_facts(
     headers = bool(target.include_dir) and Path(target.include_dir or "", "Python.h").is_file()
     ds_build = None
     if env.deepspeed and env.deepspeed.location:
-        ds_build = read_deepspeed_build(
-            Path(env.deepspeed.location) / "deepspeed" / "git_version_info_installed.py", warnings
-        )
+        ds_build = read_deepspeed_build(Path(env.deepspeed.location) / "deepspeed", warnings)
     rocm_home = _rocm_home(environ, rocm_root, tools["hipcc"])
     receipt = receipt_path(target.prefix) if target.prefix else None
     return SystemFacts(
@@ -182,45 +162,6 @@ def probe_target_python(
         )
     except (ValueError, TypeError, AttributeError) as exc:
         return TargetPython(None, None, (), (f"facts probe: unreadable result ({exc})",))
-
-
-def parse_git_version_info(text: str) -> dict[str, object]:
-    """The literal assignments of `git_version_info_installed.py`, read without executing it."""
-    values: dict[str, object] = {}
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return values
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                values[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                continue
-    return values
-
-
-def read_deepspeed_build(path: Path, warnings: list[str]) -> DeepSpeedBuild | None:
-    """DeepSpeed's build record, or None (with a warning) when it is absent or unreadable."""
-    text = _read_text(path)
-    if text is None:
-        warnings.append(f"DeepSpeed build record {path} not found (a source checkout or a broken install)")
-        return None
-    values = parse_git_version_info(text)
-    ops = values.get("installed_ops")
-    torch_info = values.get("torch_info")
-    if not isinstance(ops, dict) or not isinstance(torch_info, dict):
-        warnings.append(f"DeepSpeed build record {path} has no installed_ops/torch_info")
-        return None
-    return DeepSpeedBuild(
-        path=str(path),
-        version=str(values.get("version", "")).strip(),
-        installed_ops={str(k): bool(v) for k, v in ops.items()},
-        torch_version=str(torch_info.get("version", "0.0")),
-        hip_version=str(torch_info.get("hip_version", "0.0")),
-        cuda_version=str(torch_info.get("cuda_version", "0.0")),
-        accelerator=str(values.get("accelerator_name", "")),
-    )
 
 
 _TARGET_VERSION_RE = re.compile(r"^gfx_target_version\s+(\d+)\s*$", re.MULTILINE)

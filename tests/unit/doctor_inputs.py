@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from mlstack_ds.deepspeed_build import DeepSpeedBuild
 from mlstack_ds.detect.environment import decide_platform
 from mlstack_ds.detect.model import (
     TRACKED_ENV_VARS,
@@ -18,7 +19,7 @@ from mlstack_ds.detect.model import (
     TorchInfo,
 )
 from mlstack_ds.detect.rocminfo import gpu_agents, parse_rocminfo
-from mlstack_ds.doctor.facts import DeepSpeedBuild, SystemFacts
+from mlstack_ds.doctor.facts import SystemFacts
 from mlstack_ds.doctor.model import DoctorInput
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

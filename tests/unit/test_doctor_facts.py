@@ -10,12 +10,12 @@ from pathlib import Path
 
 from doctor_inputs import make_env
 
+from mlstack_ds.deepspeed_build import parse_git_version_info
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo
 from mlstack_ds.doctor.facts import (
     collect_facts,
     kfd_native_archs,
     parse_gfx_target_version,
-    parse_git_version_info,
     probe_target_python,
 )
 
