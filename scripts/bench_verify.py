@@ -34,12 +34,18 @@ def target_venvs(prebuilt: str | None, jit: str | None) -> tuple[Path, Path]:
     """The two target interpreters; built (and cached) by the e2e tests' builder when not given."""
     if prebuilt and jit:
         return Path(prebuilt), Path(jit)
-    sys.path.insert(0, str(REPO / "tests" / "e2e"))
-    from target_env import CPU_OPS_FLAGS, NO_OPS_FLAGS, build_target_venv, test_cache_dir  # noqa: PLC0415
+    sys.path.insert(0, str(REPO / "tests"))
+    from target_env import (  # noqa: PLC0415
+        CPU_OPS_FLAGS,
+        DS_SDIST_SHA256,
+        DS_VERSION,
+        NO_OPS_FLAGS,
+        build_target_venv,
+        cached_deepspeed_sdist,
+        test_cache_dir,
+    )
 
-    sdist = test_cache_dir() / "deepspeed-0.19.5.tar.gz"
-    if not sdist.exists():
-        sdist = Path("/tmp/dl/deepspeed-0.19.5.tar.gz")
+    sdist = cached_deepspeed_sdist(DS_VERSION, DS_SDIST_SHA256)
     cache = test_cache_dir()
     made_prebuilt = Path(prebuilt) if prebuilt else build_target_venv(sdist, CPU_OPS_FLAGS, cache).python
     made_jit = Path(jit) if jit else build_target_venv(sdist, NO_OPS_FLAGS, cache).python

@@ -6,7 +6,6 @@ The sdist comes from the package index through pip, like users get it; it is cac
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -15,13 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from target_env import DS_SDIST_SHA256, DS_VERSION, cached_deepspeed_sdist
 
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DS_VERSION = "0.19.5"
-DS_SDIST_SHA256 = "8dc5d32604a3c7a713b3d14de482533bd328ffebe716cdafcc3511953fc90cdf"
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "mlstack-ds tests",
     "GIT_AUTHOR_EMAIL": "tests@mlstack-ds.invalid",
@@ -32,26 +29,10 @@ GIT_IDENTITY = {
 }
 
 
-def test_cache_dir() -> Path:
-    path = Path(os.environ.get("MLSTACK_TEST_CACHE", REPO_ROOT / ".cache" / "test"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 @pytest.fixture(scope="session")
 def deepspeed_sdist() -> Path:
     """Path to deepspeed-0.19.5.tar.gz from the package index, sha256-checked."""
-    cache = test_cache_dir()
-    sdist = cache / f"deepspeed-{DS_VERSION}.tar.gz"
-    if not sdist.exists():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-             f"deepspeed=={DS_VERSION}", "-d", str(cache)],
-            check=True,
-        )
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    assert digest == DS_SDIST_SHA256, f"cached sdist {sdist} has sha256 {digest}; delete it"
-    return sdist
+    return cached_deepspeed_sdist(DS_VERSION, DS_SDIST_SHA256)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 `installed_target` is the product's own install (`mlstack-ds install` from the PyPI sdist, patched),
 done once per session and shared by the install and verify tests; its wheel cache makes later
 reinstalls take seconds. `no_ops_venv` is the one other kind of target: DeepSpeed without prebuilt
-ops, which mlstack-ds never makes, built by hand in tests/e2e/target_env.py.
+ops, which mlstack-ds never makes, built by hand in tests/target_env.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_support import Target, make_torch_venv
-from target_env import NO_OPS_FLAGS, TargetVenv, build_target_venv, test_cache_dir
+from e2e_support import Target
+from target_env import NO_OPS_FLAGS, TORCH_PIN, TargetVenv, build_target_venv, make_venv, test_cache_dir
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,7 @@ def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def installed_target(tmp_path_factory: pytest.TempPathFactory, e2e_cache: Path) -> Target:
     """A venv with torch 2.13.0 CPU and DeepSpeed installed by `mlstack-ds install` (cold build)."""
-    target = Target(make_torch_venv(tmp_path_factory.mktemp("target") / "venv"), e2e_cache)
+    target = Target(make_venv(tmp_path_factory.mktemp("target") / "venv", TORCH_PIN), e2e_cache)
     result = target.install("--json")
     assert result.returncode == 0, result.stderr[-3000:]
     document = json.loads(result.stdout)

@@ -9,8 +9,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-TORCH_PIN = "torch==2.13.0"
-
 
 @dataclass(frozen=True)
 class Target:
@@ -35,12 +33,6 @@ class Target:
         result = self.cli("status", "--python", self.python, "--json")
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
-
-
-def make_torch_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", TORCH_PIN], check=True)
-    return path
 
 
 def processes_mentioning(marker: str) -> list[int]:

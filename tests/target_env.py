@@ -1,7 +1,8 @@
 """Target venvs that `mlstack-ds install` never makes, built by hand: CPU torch + DeepSpeed 0.19.5 with
 given DS_BUILD_* flags (the verify tests use DS_BUILD_OPS=0, "no prebuilt ops", and the benchmark uses
 the hand-built CPU-ops venv as its baseline). The normal target comes from `mlstack-ds install`
-(tests/e2e/conftest.py: installed_target).
+(tests/e2e/conftest.py: installed_target). It also owns the test cache directory, for every test and the
+benchmarks.
 
 Venvs are cached under `<test cache>/target-venvs/<key>`, the key being the sdist's sha256, the torch
 pin and the build flags, so a second local run reuses them; CI starts with an empty cache. A venv is
@@ -24,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+DS_VERSION = "0.19.5"
+DS_SDIST_SHA256 = "8dc5d32604a3c7a713b3d14de482533bd328ffebe716cdafcc3511953fc90cdf"  # PyPI's sdist
 TORCH_PIN = "torch==2.13.0"  # never unpinned: an unpinned torch pulls a multi-GB CUDA build
 # DeepSpeed 0.19.5's requirements/requirements.txt, minus torch (pinned above).
 DEEPSPEED_RUNTIME_DEPS = ("einops", "hjson", "msgpack", "ninja", "numpy", "packaging>=20.0", "psutil",
@@ -36,14 +39,28 @@ CPU_OPS_FLAGS: Mapping[str, str] = {
     "DS_BUILD_SHM_COMM": "1",
 }
 NO_OPS_FLAGS: Mapping[str, str] = {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cache_dir() -> Path:
-    """Same place as tests/conftest.py's cache ($MLSTACK_TEST_CACHE, default <repo>/.cache/test)."""
+    """Downloads and built venvs shared by test runs: $MLSTACK_TEST_CACHE, default <repo>/.cache/test."""
     path = Path(os.environ.get("MLSTACK_TEST_CACHE", REPO_ROOT / ".cache" / "test"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def cached_deepspeed_sdist(version: str, sha256: str) -> Path:
+    """deepspeed-VERSION.tar.gz from the package index (as users get it), downloaded once into the test
+    cache and checked against `sha256` every time."""
+    cache = test_cache_dir()
+    sdist = cache / f"deepspeed-{version}.tar.gz"
+    if not sdist.exists():
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+              f"deepspeed=={version}", "-d", str(cache)])
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if digest != sha256:
+        raise RuntimeError(f"cached sdist {sdist} has sha256 {digest}, expected {sha256}; delete it")
+    return sdist
 
 
 @dataclass(frozen=True)
@@ -73,15 +90,22 @@ def build_target_venv(sdist: Path, flags: Mapping[str, str], cache_dir: Path) ->
     final.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ds-src-") as src:
-        _run([sys.executable, "-m", "venv", str(final)])
+        make_venv(final, TORCH_PIN, *DEEPSPEED_RUNTIME_DEPS)
         pip = [str(final / "bin" / "python"), "-m", "pip", "install", "-q"]
-        _run([*pip, TORCH_PIN, *DEEPSPEED_RUNTIME_DEPS])
         with tarfile.open(sdist) as tar:
             tar.extractall(src, filter="data")
         (tree,) = Path(src).iterdir()
         _run([*pip, "--no-build-isolation", "--no-deps", str(tree)], env={**os.environ, **flags})
     marker.write_text(json.dumps(dict(flags), sort_keys=True) + "\n")
     return TargetVenv(final, time.monotonic() - started)
+
+
+def make_venv(path: Path, *requirements: str) -> Path:
+    """A new venv at `path` with `requirements` installed (callers pin torch: see TORCH_PIN)."""
+    _run([sys.executable, "-m", "venv", str(path)])
+    if requirements:
+        _run([str(path / "bin" / "python"), "-m", "pip", "install", "-q", *requirements])
+    return path
 
 
 def _run(argv: list[str], env: Mapping[str, str] | None = None) -> None:
@@ -91,7 +115,7 @@ def _run(argv: list[str], env: Mapping[str, str] | None = None) -> None:
                            f"{proc.stderr[-3000:]}")
 
 
-if __name__ == "__main__":  # manual use: python tests/e2e/target_env.py SDIST [noops]
+if __name__ == "__main__":  # manual use: python tests/target_env.py SDIST [noops]
     chosen = NO_OPS_FLAGS if sys.argv[2:] == ["noops"] else CPU_OPS_FLAGS
     made = build_target_venv(Path(sys.argv[1]), chosen, test_cache_dir())
     print(made.root, f"{made.build_seconds:.1f}s")
