@@ -102,4 +102,8 @@ def main(argv: list[str] | None = None) -> None:
         err.print("[dim]hint:[/] this is a bug in mlstack-ds; rerun with MLSTACK_DEBUG=1 and report it")
         sys.exit(int(ExitCode.BUG))
     # typer.Exit(code), --help and --version return their exit code; a finished command returns None.
-    sys.exit(result if isinstance(result, int) else 0)
+    # Ctrl-C inside a command also arrives here: typer turns it into exit code 130.
+    code = result if isinstance(result, int) else 0
+    if code == ExitCode.INTERRUPTED:
+        err.print("[bold red]interrupted[/]")
+    sys.exit(code)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from mlstack_ds import __version__
 
@@ -47,3 +50,19 @@ def test_bare_group_shows_its_help() -> None:
     result = cli("patches")
     assert result.returncode == 2
     assert "apply" in result.stdout + result.stderr and "Traceback" not in result.stderr
+
+
+def test_ctrl_c_in_a_command_says_interrupted_and_exits_130(tmp_path: Path) -> None:
+    started = tmp_path / "probe-started"
+    slow_python = tmp_path / "python"  # detect's probe of this "interpreter" takes a while
+    slow_python.write_text(f"#!/bin/sh\ntouch {started}\nsleep 3\n")
+    slow_python.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "detect", "--python", str(slow_python)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
