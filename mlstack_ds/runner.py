@@ -12,11 +12,13 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mlstack_ds.errors import ToolError, ToolMissing, ToolTimedOut
 
@@ -69,34 +71,96 @@ def run(
     """
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
+    proc = _start(args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     try:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            text=True,
-            errors="replace",
-            start_new_session=True,
+        stdout, stderr = proc.communicate(input=input_text, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
+        raise _timed_out(args, timeout) from exc
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+
+
+class Background:
+    """A subprocess started now and collected later: one thread asks the slow probe (an interpreter
+    importing torch) and, meanwhile, runs the quick tools, and Ctrl-C still stops both at once."""
+
+    def __init__(self, args: tuple[str, ...], timeout: float, env: Mapping[str, str] | None) -> None:
+        self.args = args
+        self.timeout = timeout
+        self.started = time.monotonic()
+        # Files, not pipes: nobody reads the output until result(), and a full pipe would stall the child.
+        self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 close()
+        self._err = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 close()
+        self._proc: subprocess.Popen[str] | None = None
+        self._start_error: ToolError | None = None
+        try:
+            self._proc = _start(args, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err, env=env,
+                                cwd=None)
+        except ToolError as exc:
+            self._start_error = exc
+
+    def result(self) -> RunResult:
+        """Wait for the rest of the time-out; raise like `run` does (missing, failed to start, timed out)."""
+        if self._start_error is not None:
+            raise self._start_error
+        assert self._proc is not None
+        remaining = max(0.0, self.started + self.timeout - time.monotonic())
+        try:
+            self._proc.wait(timeout=remaining)
+        except subprocess.TimeoutExpired as exc:
+            _kill_group(self._proc)
+            raise _timed_out(self.args, self.timeout) from exc
+        self._out.seek(0)
+        self._err.seek(0)
+        return RunResult(self.args, self._proc.returncode, self._out.read(), self._err.read(),
+                         time.monotonic() - self.started)
+
+    def close(self) -> None:
+        """Kill the process group if it is still running (an early exit, Ctrl-C); drop the output files."""
+        if self._proc is not None and self._proc.poll() is None:
+            _kill_group(self._proc)
+        self._out.close()
+        self._err.close()
+
+
+@contextlib.contextmanager
+def run_in_background(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Background]:
+    """Start `argv` for the duration of the block; whatever is left running at its end is killed."""
+    handle = Background(tuple(os.fspath(a) for a in argv), timeout, env)
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: Mapping[str, str] | None,
+           cwd: Path | None, line_buffered: bool = False) -> subprocess.Popen[str]:
+    """Popen in a new session (so the whole group can be killed); start failures become ToolErrors."""
+    try:
+        return subprocess.Popen(
+            args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
+            cwd=cwd, text=True, errors="replace", start_new_session=True, bufsize=1 if line_buffered else -1,
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
     except OSError as exc:
         raise ToolError(f"{args[0]}: cannot start ({exc.strerror or exc})") from exc
-    try:
-        stdout, stderr = proc.communicate(input=input_text, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        _kill_group(proc)
-        raise ToolTimedOut(
-            f"{Path(args[0]).name} did not finish within {timeout:g} s",
-            hint="the tool may be hanging on a driver or device; run it by hand to see",
-        ) from exc
-    except BaseException:
-        _kill_group(proc)
-        raise
-    return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def _timed_out(args: tuple[str, ...], timeout: float) -> ToolTimedOut:
+    return ToolTimedOut(
+        f"{Path(args[0]).name} did not finish within {timeout:g} s",
+        hint="the tool may be hanging on a driver or device; run it by hand to see",
+    )
 
 
 def run_streaming(
@@ -119,14 +183,8 @@ def run_streaming(
     tail: deque[str] = deque(maxlen=200)
     with log_path.open("w", encoding="utf-8") as log:
         log.write(f"$ {' '.join(args)}\n")
-        try:
-            proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None, cwd=cwd, text=True, errors="replace",
-                start_new_session=True, bufsize=1,
-            )
-        except FileNotFoundError as exc:
-            raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
+        proc = _start(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                      cwd=cwd, line_buffered=True)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:

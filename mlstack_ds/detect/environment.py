@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlstack_ds import gfx
 from mlstack_ds.detect import probes
 from mlstack_ds.detect.model import TRACKED_ENV_VARS, Environment, GpuAgent, Platform, TorchInfo
-from mlstack_ds.detect.torch_probe import probe_python
+from mlstack_ds.detect.torch_probe import finish_probe, start_probe
 from mlstack_ds.errors import UsageError
 
 
@@ -44,11 +43,10 @@ def detect(
     ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ), timeout=tool_timeout)
 
     # The torch probe (seconds: it imports torch) runs while the ROCm tools are asked, not after them.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending_probe = pool.submit(probe_python, target_python, environ)
+    with start_probe(target_python, environ) as pending_probe:
         amd = probes.amd_gpus(ctx, hsa_override)
         nvidia = probes.nvidia_gpus(ctx)
-        probe = pending_probe.result()
+        probe = finish_probe(target_python, pending_probe)
     rocm = probes.rocm_version(ctx, probe.torch.hip if probe.torch else None)
 
     gpus = amd + [GpuAgent(**{**g.__dict__, "index": len(amd) + g.index}) for g in nvidia] if nvidia else amd

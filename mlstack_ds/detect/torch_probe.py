@@ -7,12 +7,13 @@ MB, and a broken torch must not take the CLI down with it. The probe prints one 
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
 from mlstack_ds.errors import ToolError
-from mlstack_ds.runner import run
+from mlstack_ds.runner import Background, run_in_background
 
 MARKER = "MLSTACK_PROBE_JSON:"
 PROBE_TIMEOUT_S = 120.0
@@ -97,11 +98,17 @@ def parse_probe_output(stdout: str, python: Path) -> ProbeResult:
         return ProbeResult(fallback_python, None, None, [f"{python}: unreadable torch probe result ({exc})"])
 
 
-def probe_python(python: Path, env: dict[str, str], timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
-    """Run the probe in `python`; a missing, failing or hanging interpreter becomes a warning."""
+def start_probe(python: Path, env: dict[str, str],
+                timeout: float = PROBE_TIMEOUT_S) -> AbstractContextManager[Background]:
+    """Start the probe in `python`; collect it with `finish_probe` inside the block."""
+    return run_in_background([python, "-c", PROBE_SCRIPT], timeout=timeout, env=env)
+
+
+def finish_probe(python: Path, pending: Background) -> ProbeResult:
+    """The probe's result; a missing, failing or hanging interpreter becomes a warning."""
     fallback = PythonInfo(executable=str(python), version="unknown")
     try:
-        result = run([python, "-c", PROBE_SCRIPT], timeout=timeout, env=env)
+        result = pending.result()
     except ToolError as exc:
         return ProbeResult(fallback, None, None, [f"torch probe: {exc.message}"])
     if not result.ok:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from mlstack_ds.detect import detect
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.model import Environment
-from mlstack_ds.doctor.facts import SystemFacts, collect_facts, probe_target_python
+from mlstack_ds.doctor.facts import SystemFacts, collect_facts, finish_target_probe, start_target_probe
 from mlstack_ds.doctor.logs import match_log
 from mlstack_ds.doctor.model import DEFAULT_MIN_ROCM, DoctorInput, Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
@@ -58,10 +57,10 @@ def diagnose(
     environ = dict(os.environ if environ is None else environ)
     target_python = resolve_python(python)
     # The target interpreter's own facts are asked while detect waits on torch's slow import.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        target = pool.submit(probe_target_python, target_python, environ)
+    with start_target_probe(target_python, environ) as pending_target:
         env = detect(environ=environ, python=target_python)
-        facts = collect_facts(env, environ=environ, root=root, target=target.result())
+        facts = collect_facts(env, environ=environ, root=root,
+                              target=finish_target_probe(target_python, pending_target))
     inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm, nvme_offload=nvme_offload)
     findings = run_rules(inp)
     if log_text is not None:

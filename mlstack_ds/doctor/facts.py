@@ -15,6 +15,7 @@ import os
 import re
 import resource
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
 from mlstack_ds.errors import ToolError
 from mlstack_ds.receipt import receipt_path
-from mlstack_ds.runner import run, which
+from mlstack_ds.runner import Background, run_in_background, which
 
 MARKER = "MLSTACK_FACTS_JSON:"
 FACTS_TIMEOUT_S = 60.0
@@ -141,12 +142,17 @@ def collect_facts(
     )
 
 
-def probe_target_python(
+def start_target_probe(
     python: Path, environ: Mapping[str, str], timeout: float = FACTS_TIMEOUT_S
-) -> TargetPython:
-    """Ask the target interpreter for its include dir, prefix and nvidia-* packages."""
+) -> AbstractContextManager[Background]:
+    """Start asking the target interpreter; collect the answer with `finish_target_probe` in the block."""
+    return run_in_background([python, "-c", FACTS_SCRIPT], timeout=timeout, env=dict(environ))
+
+
+def finish_target_probe(python: Path, pending: Background) -> TargetPython:
+    """The target interpreter's include dir, prefix and nvidia-* packages; failures become warnings."""
     try:
-        result = run([python, "-c", FACTS_SCRIPT], timeout=timeout, env=dict(environ))
+        result = pending.result()
     except ToolError as exc:
         return TargetPython(None, None, (), (f"facts probe: {exc.message}",))
     line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
@@ -162,6 +168,14 @@ def probe_target_python(
         )
     except (ValueError, TypeError, AttributeError) as exc:
         return TargetPython(None, None, (), (f"facts probe: unreadable result ({exc})",))
+
+
+def probe_target_python(
+    python: Path, environ: Mapping[str, str], timeout: float = FACTS_TIMEOUT_S
+) -> TargetPython:
+    """Ask the target interpreter and wait for the answer."""
+    with start_target_probe(python, environ, timeout) as pending:
+        return finish_target_probe(python, pending)
 
 
 _TARGET_VERSION_RE = re.compile(r"^gfx_target_version\s+(\d+)\s*$", re.MULTILINE)

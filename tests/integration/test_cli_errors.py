@@ -52,17 +52,22 @@ def test_bare_group_shows_its_help() -> None:
     assert "apply" in result.stdout + result.stderr and "Traceback" not in result.stderr
 
 
-def test_ctrl_c_in_a_command_says_interrupted_and_exits_130(tmp_path: Path) -> None:
-    started = tmp_path / "probe-started"
-    slow_python = tmp_path / "python"  # detect's probe of this "interpreter" takes a while
-    slow_python.write_text(f"#!/bin/sh\ntouch {started}\nsleep 3\n")
-    slow_python.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "detect", "--python", str(slow_python)],
+def test_ctrl_c_stops_a_command_at_once_and_kills_its_probe(tmp_path: Path) -> None:
+    """A probe that hangs (a torch import stuck on a broken driver) must not outlive Ctrl-C."""
+    pid_file = tmp_path / "probe.pid"
+    hanging_python = tmp_path / "python"
+    hanging_python.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
+    hanging_python.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "doctor", "--python", str(hanging_python)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not started.exists() and time.monotonic() < deadline:
+    while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    probe_pid = int(pid_file.read_text())
+    interrupted_at = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - interrupted_at < 20  # not the probe's 60-120 s time-out
     assert proc.returncode == 130
     assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
+    assert not Path(f"/proc/{probe_pid}").exists(), "the hanging probe was left running"

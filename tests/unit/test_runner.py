@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlstack_ds.errors import ExitCode, ToolMissing, ToolTimedOut
-from mlstack_ds.runner import run, which
+from mlstack_ds.runner import run, run_in_background, which
 
 
 def test_nonzero_exit_is_a_result_not_an_exception() -> None:
@@ -23,21 +23,48 @@ def test_missing_executable() -> None:
     assert info.value.exit_code == ExitCode.ENVIRONMENT
 
 
+def assert_gone(pid: int) -> None:
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"process {pid} survived")
+
+
 def test_timeout_kills_grandchildren(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     started = time.monotonic()
     with pytest.raises(ToolTimedOut):
         run(["/bin/sh", "-c", f"/bin/sleep 300 & echo $! > {pid_file}; wait"], timeout=1)
     assert time.monotonic() - started < 10
-    grandchild = int(pid_file.read_text())
-    for _ in range(50):
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"grandchild {grandchild} survived the time-out")
+    assert_gone(int(pid_file.read_text()))
+
+
+def test_background_result_holds_output_larger_than_a_pipe() -> None:
+    with run_in_background(["/bin/sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' x; echo done >&2"],
+                           timeout=30) as pending:
+        time.sleep(0.5)  # nobody reads while the caller does other work; the child must still finish
+        result = pending.result()
+    assert (result.returncode, len(result.stdout), result.stderr) == (0, 1_000_000, "done\n")
+
+
+def test_background_reports_missing_and_timed_out_tools_when_collected() -> None:
+    with run_in_background(["/nonexistent/tool"]) as pending, pytest.raises(ToolMissing):
+        pending.result()
+    with run_in_background(["/bin/sleep", "300"], timeout=0.5) as pending, pytest.raises(ToolTimedOut):
+        pending.result()
+
+
+def test_leaving_the_block_early_kills_the_background_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    with pytest.raises(KeyboardInterrupt), run_in_background(
+            ["/bin/sh", "-c", f"/bin/sleep 300 & echo $! > {pid_file}; wait"], timeout=300):
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            time.sleep(0.05)
+        raise KeyboardInterrupt  # Ctrl-C while the caller was busy with something else
+    assert_gone(int(pid_file.read_text()))
 
 
 def test_tail_skips_traceback_underlines() -> None:
