@@ -2,13 +2,14 @@
 
 Runs scripts/stress_zero3.py against both source trees with the test venv's interpreter. A *run* is
 one fresh ZeRO-3 engine trained for 30 steps beside a plain torch.optim.Adam copy; five runs share a
-two-rank launch, because a launch costs ~20 s of imports on 2 cores and an engine ~2 s.
+two-rank launch, because a launch costs 8-37 s of imports on 2 cores and an engine under 1 s.
 
-Why this configuration: with the research's 8 steps only ~1 launch in 6 is corrupted, so 10 runs
-would miss the bug 16 % of the time. With 30 steps there are more post-step re-gathers per engine,
-and 13 of 24 unpatched engines were corrupted (docs/benchmarks.md). If engines are independent at
-p = 0.54, one launch of 5 misses with probability 0.46**5 = 2 %, and two launches with 0.04 %:
-the false-pass probability of the unpatched assertion.
+Why this configuration: with the research's 8 steps one launch in 3 to 6 is corrupted (20 of 60
+here), so 10 such runs would miss the bug 2-16 % of the time. With 30 steps there are more post-step
+re-gathers per engine: 49 of 60 unpatched engines were corrupted, made six per process, against 0 of
+60 patched (docs/benchmarks.md). If engines are independent at p = 0.8, one launch of 5 misses with
+probability 0.2**5 = 0.03 %, and two launches with 1e-7: the false-pass probability of the
+unpatched assertion. Sharing processes is itself safe once patched (the same measurement).
 """
 
 from __future__ import annotations
