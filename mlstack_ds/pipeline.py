@@ -20,7 +20,7 @@ from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
 from mlstack_ds.receipt import Receipt, read_receipt
 from mlstack_ds.recipe import Recipe, find_recipe
 from mlstack_ds.source.cache import Cache
-from mlstack_ds.source.fetch import SourceSpec, parse_source_spec
+from mlstack_ds.source.fetch import SourceSpec, check_local_source, parse_source_spec
 from mlstack_ds.targets import parse_arch_option
 from mlstack_ds.toolchain import probe_toolchain
 from mlstack_ds.verify.report import VerifyReport
@@ -73,6 +73,7 @@ def prepare(request: InstallRequest) -> Prepared:
     recipe = find_recipe(f"deepspeed-{request.deepspeed_version}")
     spec = parse_source_spec(request.source, git_url=request.git_url, git_commit=request.git_commit,
                              sha256=request.sha256)
+    check_local_source(spec)
     archs = parse_arch_option(request.archs) if request.archs else None
     environment = detect(python=request.python)
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None

@@ -5,6 +5,14 @@ Public interface (used by `install` later): `parse_source_spec`, `fetch_source`,
 """
 
 from mlstack_ds.source.cache import default_cache_dir
-from mlstack_ds.source.fetch import SourceKind, SourceSpec, SourceTree, fetch_source, parse_source_spec
+from mlstack_ds.source.fetch import (
+    SourceKind,
+    SourceSpec,
+    SourceTree,
+    check_local_source,
+    fetch_source,
+    parse_source_spec,
+)
 
-__all__ = ["SourceKind", "SourceSpec", "SourceTree", "default_cache_dir", "fetch_source", "parse_source_spec"]
+__all__ = ["SourceKind", "SourceSpec", "SourceTree", "check_local_source", "default_cache_dir", "fetch_source",
+           "parse_source_spec"]

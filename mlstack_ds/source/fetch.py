@@ -121,27 +121,38 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
         origin = url
     else:
         assert spec.location is not None
-        return _fetch_local(recipe, spec, cache, Path(spec.location).expanduser(), dest)
+        return _fetch_local(recipe, spec, cache, dest)
     _materialize(repo, commit, dest)
     return SourceTree(path=dest, commit=commit, kind=spec.kind, origin=origin, sha256=sha256,
                       from_cache=from_cache)
 
 
-def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, path: Path, dest: Path) -> SourceTree:
-    path = Path(os.path.abspath(path))
+def check_local_source(spec: SourceSpec) -> Path | None:
+    """The cheap checks of a PATH source (no hashing, no copying), so that `install --dry-run` refuses
+    what the real run would refuse; the absolute path, or None for other kinds of source."""
+    if spec.kind != "path" or spec.location is None:
+        return None
+    path = Path(os.path.abspath(Path(spec.location).expanduser()))
     if path.is_file():
         if not is_archive_name(path.name):
             raise FetchError(f"{path} is neither a directory nor a source archive",
                              hint="pass a DeepSpeed checkout, an extracted sdist, or a .tar.gz/.zip")
+    elif not path.is_dir():
+        raise FetchError(f"{path} does not exist", hint="check the path given to --source")
+    elif spec.sha256:
+        raise UsageError("--sha256 applies to archives, not directories", hint="drop --sha256")
+    return path
+
+
+def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, dest: Path) -> SourceTree:
+    path = check_local_source(spec)
+    assert path is not None
+    if path.is_file():
         sha256 = spec.sha256 or recipe.sdist.sha256
         _check_sha256(path, sha256)
         repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: path)
         _materialize(repo, commit, dest)
         return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=sha256)
-    if not path.is_dir():
-        raise FetchError(f"{path} does not exist", hint="check the path given to --source")
-    if spec.sha256:
-        raise UsageError("--sha256 applies to archives, not directories", hint="drop --sha256")
     if is_git_worktree(path):
         commit = recipe.git.commit
         if not has_commit(path, commit):

@@ -71,3 +71,18 @@ def test_ctrl_c_stops_a_command_at_once_and_kills_its_probe(tmp_path: Path) -> N
     assert proc.returncode == 130
     assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
     assert not Path(f"/proc/{probe_pid}").exists(), "the hanging probe was left running"
+
+
+def test_dry_run_refuses_a_local_source_the_real_install_would_refuse(tmp_path: Path) -> None:
+    not_an_archive = tmp_path / "notes.txt"
+    not_an_archive.write_text("not DeepSpeed\n")
+    cases = [
+        (["--source", str(tmp_path / "absent")], 4, "does not exist"),
+        (["--source", str(not_an_archive)], 4, "neither a directory nor a source archive"),
+        (["--source", str(tmp_path), "--sha256", "a" * 64], 2, "--sha256 applies to archives"),
+    ]
+    for args, code, message in cases:
+        result = cli("install", "--dry-run", *args)
+        assert result.returncode == code, (args, result.stderr)
+        error, hint = result.stderr.splitlines()[-2:]
+        assert message in error and hint.startswith("hint: ")
