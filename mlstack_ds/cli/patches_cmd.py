@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mlstack_ds.console import make_output
-from mlstack_ds.errors import PatchError
+from mlstack_ds.errors import PatchError, UsageError
 from mlstack_ds.patches import (
     PatchState,
     SeriesCheck,
@@ -142,6 +142,10 @@ def register(app: typer.Typer) -> None:
         """Lint patch directories: parse, paths, binary hunks, header fields, series completeness."""
         output = make_output(json_output)
         dirs = directories or sorted(p.parent for p in data_dir("patches").glob("*/series"))
+        for directory in dirs:
+            if not directory.is_dir():
+                raise UsageError(f"{directory}: not a directory",
+                                 hint="pass patch directories such as patches/deepspeed-0.19.5")
         problems = {str(d): [str(p) for p in lint_patch_dir(d)] for d in dirs}
         if json_output:
             output.emit_json(problems)

@@ -104,6 +104,8 @@ def test_patches_commands_report_and_exit_codes(pristine_tree_template: Path, cl
     assert linted.returncode == ExitCode.PATCH
     assert "0003-stray.patch: patch file is not listed in the series" in flat(linted.stdout)
     assert run_cli("patches", "lint").returncode == 0
+    not_there = run_cli("patches", "lint", str(tmp_path / "nope"))
+    assert not_there.returncode == ExitCode.USAGE and "nope: not a directory" in flat(not_there.stderr)
 
 
 def test_recipes_commands() -> None:
