@@ -145,18 +145,35 @@ def register(app: typer.Typer) -> None:
         output.out.print(table)
 
     @app.command("rollback")
-    def rollback_command(python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP)) -> None:
+    def rollback_command(
+        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
+        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    ) -> None:
         """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
-        output = make_output()
+        output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        output.out.print(rollback(interpreter, _prefix_of(interpreter), status=output.status))
+        summary = rollback(interpreter, _prefix_of(interpreter), status=output.status)
+        _report_change(output, json_output, interpreter, "rolled-back", summary)
 
     @app.command("uninstall")
-    def uninstall_command(python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP)) -> None:
+    def uninstall_command(
+        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
+        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    ) -> None:
         """Remove the DeepSpeed that mlstack-ds installed (refuses one it did not install)."""
-        output = make_output()
+        output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        output.out.print(uninstall(interpreter, _prefix_of(interpreter)))
+        summary = uninstall(interpreter, _prefix_of(interpreter))
+        _report_change(output, json_output, interpreter, "uninstalled", summary)
+
+
+def _report_change(output: Output, json_output: bool, interpreter: str, action: str, summary: str) -> None:
+    """The one-line summary, or a document with what the environment holds now (for scripts)."""
+    if not json_output:
+        output.out.print(summary)
+        return
+    output.emit_json({"python": interpreter, "action": action, "summary": summary,
+                      "installed": probe_installed(interpreter).__dict__})
 
 
 def _prefix_of(interpreter: str) -> str:

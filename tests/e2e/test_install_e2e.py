@@ -128,15 +128,29 @@ def test_disk_full_build_fails_cleanly(installed_target: Target, tmp_path: Path)
 
 
 def test_rollback_then_reinstall_from_cache(installed_target: Target) -> None:
-    result = installed_target.cli("rollback", "--python", installed_target.python)
+    result = installed_target.cli("rollback", "--python", installed_target.python, "--json")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "there was none before" in result.stdout
+    document = json.loads(result.stdout)
+    assert document["action"] == "rolled-back" and "there was none before" in document["summary"]
+    assert document["installed"]["deepspeed_version"] is None
     assert installed_target.status()["receipt"] is None
     gone = subprocess.run([installed_target.python, "-c", "import deepspeed"], capture_output=True, timeout=300)
     assert gone.returncode != 0
     again = installed_target.install("--json", "--no-verify")  # the wheel cache spares the build
     assert again.returncode == 0 and json.loads(again.stdout)["action"] == "installed"
     assert installed_target.status()["intact"] is True
+
+
+def test_uninstall_removes_ours_then_refuses(installed_target: Target) -> None:
+    result = installed_target.cli("uninstall", "--python", installed_target.python, "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    assert document["action"] == "uninstalled" and document["installed"]["deepspeed_version"] is None
+    assert installed_target.status()["receipt"] is None
+    twice = installed_target.cli("uninstall", "--python", installed_target.python)
+    assert twice.returncode == 7 and "not installed by mlstack-ds" in twice.stderr
+    again = installed_target.install("--json", "--no-verify")  # later tests use the install
+    assert again.returncode == 0 and installed_target.status()["intact"] is True
 
 
 def test_bad_inputs_fail_with_one_line_and_code(installed_target: Target, tmp_path: Path) -> None:
