@@ -71,10 +71,11 @@ def run_worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     if args.skip_shm_op:
         # shm_comm only serves inference_all_reduce, never training; from a source tree it would be
-        # JIT-compiled (~100 s on 2 cores) before the first step.
-        import deepspeed.comm.torch  # noqa: PLC0415
+        # JIT-compiled (~100 s on 2 cores) before the first step. Through sys.modules: the attribute
+        # `deepspeed.comm.torch` is the real torch package (deepspeed/comm/__init__ star-imports it).
+        import importlib  # noqa: PLC0415
 
-        deepspeed.comm.torch.build_shm_op = lambda: None
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
     zero_options = json.loads(args.zero_options)

@@ -15,6 +15,7 @@ unpatched assertion. Sharing processes is itself safe once patched (the same mea
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,26 +28,29 @@ ENGINES_PER_LAUNCH = "3,3,3,3,3"
 STEPS = "30"
 
 
-def stress(tree: Path, launches: int, *extra: str) -> dict:
+def stress(tree: Path, launches: int, extensions: Path, *extra: str) -> dict:
+    """Run the stress script; `--skip-shm-op` must really leave the op alone (nothing JIT-compiled)."""
     argv = [sys.executable, str(STRESS), "--json", "--python", sys.executable, "--deepspeed-tree", str(tree),
             "--runs", str(launches), "--stages", ENGINES_PER_LAUNCH, "--steps", STEPS, "--skip-shm-op",
             "--timeout", "240", *extra]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=launches * 260, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=launches * 260, check=False,
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)})
     assert done.stdout, done.stderr[-2000:]
+    assert not list(extensions.glob("**/deepspeed_shm_comm*")), "shm_comm was compiled despite --skip-shm-op"
     return json.loads(done.stdout)
 
 
 @pytest.mark.slow
-def test_patched_tree_trains_like_plain_adam(patched_deepspeed_tree: Path) -> None:
-    summary = stress(patched_deepspeed_tree, 2)
+def test_patched_tree_trains_like_plain_adam(patched_deepspeed_tree: Path, tmp_path: Path) -> None:
+    summary = stress(patched_deepspeed_tree, 2, tmp_path / "torch_extensions")
     assert summary["failed"] == 0, summary["outcomes"]
     assert summary["corrupted_engines"] == 0, [o["deviation"] for o in summary["outcomes"]]
     assert summary["judged"] * summary["engines_per_run"] == 10
 
 
 @pytest.mark.slow
-def test_unpatched_tree_corrupts_the_loss(pristine_deepspeed_tree: Path) -> None:
-    summary = stress(pristine_deepspeed_tree, 2, "--stop-after-corrupted", "1")
+def test_unpatched_tree_corrupts_the_loss(pristine_deepspeed_tree: Path, tmp_path: Path) -> None:
+    summary = stress(pristine_deepspeed_tree, 2, tmp_path / "torch_extensions", "--stop-after-corrupted", "1")
     assert summary["corrupted"] >= 1, summary["outcomes"]
     first = next(o for o in summary["outcomes"] if o["status"] == "corrupted")["deviation"]
     assert first["stage"] == 3 and first["step"] >= 2
