@@ -63,7 +63,11 @@ def probe_installed(python: str) -> InstalledState:
     result = run([python, "-c", INSTALLED_PROBE], timeout=60)
     if not result.ok:
         raise InstallError(f"cannot inspect {python}: {result.tail(1)}", hint="check that the interpreter runs")
-    data = json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError) as exc:
+        raise InstallError(f"cannot inspect {python}: it printed no report", hint="pass a working Python interpreter"
+                           ) from exc
     location = data.get("deepspeed")
     build = read_deepspeed_build(Path(location), warnings=[]) if location else None
     return InstalledState(

@@ -70,11 +70,12 @@ def prepare(request: InstallRequest) -> Prepared:
     """Everything up to the plan; touches nothing (this is `install --dry-run`)."""
     if request.jobs is not None and request.jobs < 1:
         raise UsageError(f"--jobs {request.jobs}: must be at least 1", hint="e.g. --jobs 4")
-    recipe = find_recipe(f"deepspeed-{request.deepspeed_version}")
+    version = request.deepspeed_version.removeprefix("deepspeed-")  # "0.19.5" or the recipe's name
+    recipe = find_recipe(f"deepspeed-{version}")
     spec = parse_source_spec(request.source, git_url=request.git_url, git_commit=request.git_commit,
                              sha256=request.sha256)
     check_local_source(spec)
-    archs = parse_arch_option(request.archs) if request.archs else None
+    archs = parse_arch_option(request.archs) if request.archs is not None else None
     environment = detect(python=request.python)
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir)

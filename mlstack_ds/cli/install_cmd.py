@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -15,7 +16,7 @@ from rich.table import Table
 from mlstack_ds.build import BuildProgress
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import Interrupted, VerifyFailed
+from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
 from mlstack_ds.install import probe_installed, rollback, uninstall
 from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_install
 from mlstack_ds.plan import BuildPlan
@@ -83,10 +84,10 @@ def register(app: typer.Typer) -> None:
             if json_output:
                 output.emit_json({"action": "plan", "plan": plan.to_dict()})
             else:
-                render_plan(plan, output)
+                render_plan(plan, output, output.out)  # the plan is what a dry run was asked for: stdout
             return
         if not json_output:
-            render_plan(plan, output)
+            render_plan(plan, output, output.err)  # here it is progress information
         with sigterm_as_interrupt(), _build_progress(output) as progress:
             outcome = run_install(prepared, request, output, progress)
         report = outcome.verify
@@ -119,8 +120,8 @@ def register(app: typer.Typer) -> None:
         """Show what mlstack-ds installed into an environment (the receipt) and whether it still holds."""
         output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        state = probe_installed(interpreter)
         prefix = _prefix_of(interpreter)
+        state = probe_installed(interpreter)
         receipt = read_receipt(prefix)
         intact = receipt is not None and state.deepspeed_version == receipt.deepspeed_version and set(
             state.prebuilt_ops) == set(receipt.ops) and state.torch_version == receipt.torch_version
@@ -177,25 +178,37 @@ def _report_change(output: Output, json_output: bool, interpreter: str, action: 
 
 
 def _prefix_of(interpreter: str) -> str:
-    return run([interpreter, "-c", "import sys; print(sys.prefix)"], timeout=60).stdout.strip()
+    """The environment's prefix, asked of the interpreter itself; anything that is not a working Python
+    is refused here, before a receipt is looked for (an empty prefix would mean the current directory)."""
+    result = run([interpreter, "-c", "import sys; print('MLSTACK_PREFIX:' + sys.prefix)"], timeout=60)
+    line = next((ln for ln in result.stdout.splitlines() if ln.startswith("MLSTACK_PREFIX:")), None)
+    if not result.ok or line is None:
+        raise UsageError(f"--python {interpreter}: not a working Python interpreter"
+                         + (f" ({result.tail(1)})" if result.tail(1) else ""),
+                         hint="pass a venv's bin/python (or the venv directory)")
+    return line.removeprefix("MLSTACK_PREFIX:")
 
 
-def render_plan(plan: BuildPlan, output: Output) -> None:
+def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
+    """The plan as tables on `console`; its notes are warnings (stderr) either way."""
     head = Table.grid(padding=(0, 2))
+    head.add_column(no_wrap=True)
+    head.add_column(overflow="fold")  # patch names and flags are copied by users: never cut them short
     head.add_row("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {plan.source_pin[:12]})")
-    head.add_row("patches", ", ".join(p.name for p in plan.patches) or "none")
+    head.add_row("patches", "\n".join(p.name for p in plan.patches) or "none")
     head.add_row("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})")
     if plan.archs:
         head.add_row("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else ""))
     head.add_row("python", f"{plan.target_python} (torch {plan.torch_version})")
     head.add_row("cache key", plan.cache_key)
-    output.err.print(head)
+    head.add_row("build env", escape(" ".join(f"{key}={value}" for key, value in plan.env.items())))
+    console.print(head)
     ops = Table(title="ops", title_justify="left")
     for column in ("op", "build", "why"):
         ops.add_column(column)
     for op in plan.ops:
         ops.add_row(op.name, "[green]yes[/]" if op.build else "no", escape(op.reason))
-    output.err.print(ops)
+    console.print(ops)
     for note in plan.notes:
         output.warn(escape(note))
 

@@ -18,7 +18,9 @@ def resolve_python(python: str | Path | None) -> Path:
     """The target interpreter: `--python` (an interpreter or a venv directory), default this one."""
     if python is None:
         return Path(sys.executable)
-    path = Path(python).expanduser()
+    # Absolute, not resolved: `./python3` must not become a bare name looked up on PATH, and a venv's
+    # bin/python symlink must stay the venv's (resolving it would land in the base interpreter).
+    path = Path(os.path.abspath(Path(python).expanduser()))
     if path.is_dir():
         for candidate in (path / "bin" / "python", path / "bin" / "python3", path / "Scripts" / "python.exe"):
             if candidate.exists():

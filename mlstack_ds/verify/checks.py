@@ -62,6 +62,8 @@ def _parse_names(value: str | Iterable[str] | None, option: str) -> list[str]:
         return []
     items = value.split(",") if isinstance(value, str) else list(value)
     names = [item.strip() for part in items for item in part.split(",") if item.strip()]
+    if not names:  # `--only ,` must not quietly mean "the defaults"
+        raise UsageError(f"{option}: no check named", hint=f"known checks: {', '.join(CHECK_NAMES)}")
     unknown = [n for n in names if n not in CHECK_NAMES]
     if unknown:
         raise UsageError(f"{option}: unknown check(s) {', '.join(unknown)}",

@@ -8,6 +8,7 @@ that died, a launcher that never started the ranks).
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import ToolError, UsageError
+from mlstack_ds.errors import EnvironmentProblem, ToolError, UsageError
 from mlstack_ds.verify import launch
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
@@ -72,8 +73,8 @@ def probe_target(python: Path) -> TargetProbe:
 def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m: None) -> VerifyReport:
     started = time.monotonic()
     python = resolve_python(options.python)
-    if options.timeout_s <= 0:
-        raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", hint="seconds, e.g. 300")
+    if not math.isfinite(options.timeout_s) or options.timeout_s <= 0:
+        raise UsageError(f"--timeout {options.timeout_s:g}: must be a positive number of seconds", hint="e.g. 300")
     if options.world_size is not None and options.world_size < 1:
         raise UsageError(f"--world-size {options.world_size}: must be at least 1", hint="e.g. 2")
     if options.hostfile is not None and options.world_size is not None:
@@ -83,10 +84,10 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     hosts = launch.parse_hostfile(options.hostfile) if options.hostfile else None
 
     probe = probe_target(python)
-    if probe.torch_version is None:
-        reason = f"torch is not importable in {python}: {probe.error}"
-        results = tuple(CheckResult(s.name, "fail", reason, 0.0) for s in specs)
-        return VerifyReport(str(python), options.world_size or 0, results, (), time.monotonic() - started)
+    if probe.torch_version is None:  # nothing can be checked: the environment is the problem, not a check
+        raise EnvironmentProblem(f"torch is not importable in {python}: {probe.error or 'not installed'}",
+                                 hint="install PyTorch there (and DeepSpeed with `mlstack-ds install`), "
+                                 "or point --python at the environment that has them")
 
     if hosts is not None:
         world_size = sum(h.slots for h in hosts)

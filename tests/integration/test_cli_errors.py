@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from mlstack_ds import __version__
 
@@ -86,3 +89,37 @@ def test_dry_run_refuses_a_local_source_the_real_install_would_refuse(tmp_path: 
         assert result.returncode == code, (args, result.stderr)
         error, hint = result.stderr.splitlines()[-2:]
         assert message in error and hint.startswith("hint: ")
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["status", "--python", "/bin/true"], 2, "--python /bin/true: not a working Python interpreter"),
+    (["rollback", "--python", "/bin/false"], 2, "--python /bin/false: not a working Python interpreter"),
+    (["verify", "--only", ","], 2, "--only: no check named"),
+    (["verify", "--timeout", "nan"], 2, "--timeout nan: must be a positive number"),
+    (["install", "--dry-run", "--arch", ""], 2, "--arch: no GPU target given"),
+])
+def test_inputs_that_used_to_slip_through_are_refused(args: list[str], code: int, message: str) -> None:
+    result = cli(*args)
+    assert result.returncode == code, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_verify_without_torch_is_an_environment_problem(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    result = cli("verify", "--python", str(tmp_path / "bare" / "bin" / "python"))
+    assert result.returncode == 3  # not "14 checks failed": nothing could be checked
+    assert "torch is not importable" in result.stderr and "hint:" in result.stderr
+
+
+def test_relative_python_path_is_that_file_not_a_name_on_path(tmp_path: Path) -> None:
+    (tmp_path / "python").symlink_to(sys.executable)
+    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "status", "--python", "./python", "--json"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["python"] == str(tmp_path / "python")
+
+
+def test_dry_run_prints_the_plan_on_stdout_and_accepts_the_recipe_name() -> None:
+    result = cli("install", "--dry-run", "--deepspeed-version", "deepspeed-0.19.5")
+    assert result.returncode == 0, result.stderr
+    assert "DeepSpeed  0.19.5" in result.stdout and "DS_BUILD_OPS=0" in result.stdout
