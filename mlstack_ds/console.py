@@ -36,7 +36,7 @@ class Output:
 
 def make_output(json_mode: bool = False) -> Output:
     return Output(
-        out=Console(highlight=False, soft_wrap=False),
-        err=Console(stderr=True, highlight=False),
+        out=Console(highlight=False, soft_wrap=False, emoji=False),
+        err=Console(stderr=True, highlight=False, emoji=False),
         json_mode=json_mode,
     )

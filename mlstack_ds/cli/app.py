@@ -65,7 +65,7 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, map every failure to a documented exit code."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     debug = os.environ.get("MLSTACK_DEBUG", "") not in ("", "0")
     app = build_app()
     try:

@@ -123,3 +123,10 @@ def test_dry_run_prints_the_plan_on_stdout_and_accepts_the_recipe_name() -> None
     result = cli("install", "--dry-run", "--deepspeed-version", "deepspeed-0.19.5")
     assert result.returncode == 0, result.stderr
     assert "DeepSpeed  0.19.5" in result.stdout and "DS_BUILD_OPS=0" in result.stdout
+
+
+def test_user_text_is_printed_as_is_not_as_emoji(tmp_path: Path) -> None:
+    series = tmp_path / "series"
+    series.write_text("root:x:0:0\n")  # rich would print ":x:" as an emoji
+    result = cli("patches", "list", "--series", str(series))
+    assert result.returncode == 5 and "root:x:0:0" in result.stderr
