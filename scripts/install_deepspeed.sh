@@ -48,12 +48,23 @@ if [[ ! -x $venv/bin/python ]]; then
   echo "==> creating $venv (with system site-packages)" >&2
   "$python" -m venv --system-site-packages "$venv"
 fi
+
+# The PyTorch the venv sees already (its own or the system's): "rocm 2.5.1+rocm6.2", "cpu 2.13.0+cpu" or "".
+existing_torch=$("$venv/bin/python" -c 'import torch
+print("rocm" if torch.version.hip else "cuda" if torch.version.cuda else "cpu", torch.__version__)' 2>/dev/null || true)
+if [[ $with_torch == cpu && -n $existing_torch && $existing_torch != cpu* ]]; then
+  # Checked before anything is installed: a CPU torch in the venv would shadow the GPU one.
+  echo "error: the venv already sees a ${existing_torch%% *} PyTorch (${existing_torch#* }); --with-torch cpu would shadow it with a CPU build" >&2
+  echo "hint: leave out --with-torch cpu: DeepSpeed is then built for the PyTorch you have" >&2
+  exit 2
+fi
+
 echo "==> installing mlstack-ds into $venv" >&2
 "$venv/bin/python" -m pip install --quiet "$repo"
 
 if [[ $with_torch == cpu ]]; then
-  if "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if (torch.version.hip or torch.version.cuda) is None else 1)' 2>/dev/null; then
-    echo "==> a CPU PyTorch is already installed: $("$venv/bin/python" -c 'import torch; print(torch.__version__)')" >&2
+  if [[ -n $existing_torch ]]; then
+    echo "==> a CPU PyTorch is already installed: ${existing_torch#* }" >&2
   else
     echo "==> installing PyTorch (CPU build, torch==2.13.0+cpu)" >&2
     "$venv/bin/python" -m pip install --quiet "torch==2.13.0+cpu"

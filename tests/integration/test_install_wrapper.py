@@ -37,3 +37,18 @@ def test_fresh_venv_without_torch_stops_with_the_fix(tmp_path: Path) -> None:
 def test_bad_arguments(args: list[str], message: str) -> None:
     result = run_wrapper(*args)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_with_torch_cpu_refuses_to_shadow_a_rocm_torch(tmp_path: Path) -> None:
+    """A ROCm PyTorch cannot be installed here (no GPU build on this machine's index), so a stand-in
+    package with ROCm's `torch.version` attributes plays it; the wrapper must stop before installing."""
+    venv = tmp_path / "venv"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(
+        '__version__ = "2.5.1+rocm6.2"\n\nclass version:\n    hip = "6.2.41133"\n    cuda = None\n')
+    result = run_wrapper("--venv", str(venv), "--with-torch", "cpu", "--", "--dry-run")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "already sees a rocm PyTorch (2.5.1+rocm6.2)" in result.stderr and "hint:" in result.stderr
+    assert not (venv / "bin" / "mlstack-ds").exists()  # nothing was installed
