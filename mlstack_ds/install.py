@@ -24,7 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from mlstack_ds import __version__
 from mlstack_ds.build import BuiltWheel
 from mlstack_ds.deepspeed_build import read_deepspeed_build
-from mlstack_ds.errors import InstallError, Interrupted, ToolError
+from mlstack_ds.errors import InstallError, Interrupted, ToolError, UsageError
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import PreviousInstall, Receipt, read_receipt, remove_receipt, write_receipt
 from mlstack_ds.runner import run
@@ -34,9 +34,9 @@ PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-
 PIP_TIMEOUT_S = 1800.0
 
 INSTALLED_PROBE = r"""
-import importlib.util, json
+import importlib.util, json, sys
 from importlib import metadata
-out = {"deepspeed": None, "deepspeed_version": None, "torch": None}
+out = {"prefix": sys.prefix, "deepspeed": None, "deepspeed_version": None, "torch": None}
 for name, key in (("torch", "torch"), ("deepspeed", "deepspeed_version")):
     try:
         out[key] = metadata.version(name)
@@ -45,12 +45,13 @@ for name, key in (("torch", "torch"), ("deepspeed", "deepspeed_version")):
 spec = importlib.util.find_spec("deepspeed")
 if spec is not None and spec.submodule_search_locations:
     out["deepspeed"] = list(spec.submodule_search_locations)[0]
-print(json.dumps(out))
+print("MLSTACK_INSTALLED:" + json.dumps(out))
 """
 
 
 @dataclass(frozen=True)
 class InstalledState:
+    prefix: str  # the environment (sys.prefix): where the receipt lives
     deepspeed_version: str | None
     deepspeed_location: str | None
     prebuilt_ops: tuple[str, ...]
@@ -61,16 +62,16 @@ def probe_installed(python: str) -> InstalledState:
     """What the target has now, read without importing deepspeed or torch (fast, side-effect free):
     the interpreter says where its packages are, DeepSpeed's build record says which ops it has."""
     result = run([python, "-c", INSTALLED_PROBE], timeout=60)
-    if not result.ok:
-        raise InstallError(f"cannot inspect {python}: {result.tail(1)}", hint="check that the interpreter runs")
-    try:
-        data = json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError) as exc:
-        raise InstallError(f"cannot inspect {python}: it printed no report", hint="pass a working Python interpreter"
-                           ) from exc
+    line = next((ln for ln in result.stdout.splitlines() if ln.startswith("MLSTACK_INSTALLED:")), None)
+    if not result.ok or line is None:  # an empty prefix would mean "the current directory" to callers
+        raise UsageError(f"--python {python}: not a working Python interpreter"
+                         + (f" ({result.tail(1)})" if result.tail(1) else ""),
+                         hint="pass a venv's bin/python (or the venv directory)")
+    data = json.loads(line.removeprefix("MLSTACK_INSTALLED:"))
     location = data.get("deepspeed")
     build = read_deepspeed_build(Path(location), warnings=[]) if location else None
     return InstalledState(
+        prefix=data["prefix"],
         deepspeed_version=data.get("deepspeed_version") if location else None,
         deepspeed_location=location,
         prebuilt_ops=tuple(build.prebuilt_ops) if build else (),

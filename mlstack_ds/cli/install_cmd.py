@@ -16,12 +16,11 @@ from rich.table import Table
 from mlstack_ds.build import BuildProgress
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
+from mlstack_ds.errors import Interrupted, VerifyFailed
 from mlstack_ds.install import probe_installed, rollback, uninstall
 from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_install
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
-from mlstack_ds.runner import run
 from mlstack_ds.verify.report import render_table
 
 PYTHON_HELP = "Interpreter (or venv directory) that gets DeepSpeed. Default: the one running mlstack-ds."
@@ -120,8 +119,8 @@ def register(app: typer.Typer) -> None:
         """Show what mlstack-ds installed into an environment (the receipt) and whether it still holds."""
         output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        prefix = _prefix_of(interpreter)
         state = probe_installed(interpreter)
+        prefix = state.prefix
         receipt = read_receipt(prefix)
         intact = receipt is not None and state.deepspeed_version == receipt.deepspeed_version and set(
             state.prebuilt_ops) == set(receipt.ops) and state.torch_version == receipt.torch_version
@@ -153,7 +152,7 @@ def register(app: typer.Typer) -> None:
         """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
         output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        summary = rollback(interpreter, _prefix_of(interpreter), status=output.status)
+        summary = rollback(interpreter, probe_installed(interpreter).prefix, status=output.status)
         _report_change(output, json_output, interpreter, "rolled-back", summary)
 
     @app.command("uninstall")
@@ -164,7 +163,7 @@ def register(app: typer.Typer) -> None:
         """Remove the DeepSpeed that mlstack-ds installed (refuses one it did not install)."""
         output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        summary = uninstall(interpreter, _prefix_of(interpreter))
+        summary = uninstall(interpreter, probe_installed(interpreter).prefix)
         _report_change(output, json_output, interpreter, "uninstalled", summary)
 
 
@@ -175,18 +174,6 @@ def _report_change(output: Output, json_output: bool, interpreter: str, action: 
         return
     output.emit_json({"python": interpreter, "action": action, "summary": summary,
                       "installed": probe_installed(interpreter).__dict__})
-
-
-def _prefix_of(interpreter: str) -> str:
-    """The environment's prefix, asked of the interpreter itself; anything that is not a working Python
-    is refused here, before a receipt is looked for (an empty prefix would mean the current directory)."""
-    result = run([interpreter, "-c", "import sys; print('MLSTACK_PREFIX:' + sys.prefix)"], timeout=60)
-    line = next((ln for ln in result.stdout.splitlines() if ln.startswith("MLSTACK_PREFIX:")), None)
-    if not result.ok or line is None:
-        raise UsageError(f"--python {interpreter}: not a working Python interpreter"
-                         + (f" ({result.tail(1)})" if result.tail(1) else ""),
-                         hint="pass a venv's bin/python (or the venv directory)")
-    return line.removeprefix("MLSTACK_PREFIX:")
 
 
 def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
