@@ -7,6 +7,7 @@ questions that would otherwise be scattered `if arch.startswith(...)` branches.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -104,3 +105,17 @@ def rocm_supports(arch: str, rocm_version: str) -> bool | None:
         return Version(rocm_version) >= Version(entry.first_rocm)
     except InvalidVersion:
         return None
+
+
+def arch_sort_key(arch: str) -> tuple[int, int, int, str]:
+    """gfx<major><minor><stepping>: the last two characters are minor and (hex) stepping, so that
+    gfx900 < gfx90a < gfx942 < gfx1030 < gfx1100 (string order would put gfx1100 before gfx900)."""
+    digits = arch.removeprefix("gfx")
+    try:
+        return int(digits[:-2]), int(digits[-2], 16), int(digits[-1], 16), ""
+    except (ValueError, IndexError):
+        return 1 << 30, 0, 0, arch
+
+
+def sorted_archs(archs: Iterable[str]) -> list[str]:
+    return sorted(archs, key=arch_sort_key)

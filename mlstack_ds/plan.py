@@ -19,7 +19,7 @@ from mlstack_ds import buildspec
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.versions import major_minor
 from mlstack_ds.errors import EnvironmentProblem, UsageError
-from mlstack_ds.targets import cuda_arch_list, select_rocm_targets
+from mlstack_ds.targets import cuda_arch_list, refuse_targets_torch_lacks, select_rocm_targets
 from mlstack_ds.toolchain import Toolchain
 
 PLAN_SCHEMA = 1
@@ -68,6 +68,7 @@ class BuildPlan:
     pip_wheel_args: tuple[str, ...]
     cache_key: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    targets_source: str = ""  # ROCm: "flag" (--arch), "environment" (PYTORCH_ROCM_ARCH) or "detected"
 
     @property
     def built_ops(self) -> tuple[str, ...]:
@@ -103,14 +104,18 @@ def make_plan(
     env: dict[str, str] = {"DS_ACCELERATOR": build.accelerator, "DS_BUILD_OPS": "0"}
     archs: tuple[str, ...] = ()
     wavefront: int | None = None
+    targets_source = ""
     if options.archs and platform != "rocm":
         raise UsageError(f"--arch applies to ROCm builds; this is a {platform} machine",
                          hint="leave out --arch")
     if platform == "rocm":
         _refuse_old_rocm(environment, recipe.min_rocm)
         targets = select_rocm_targets(environment, options.archs)
-        archs, wavefront = targets.archs, targets.wavefront
+        archs, wavefront, targets_source = targets.archs, targets.wavefront, targets.source
         notes.extend(targets.notes)
+        unchecked = refuse_targets_torch_lacks(archs, torch)
+        if unchecked:
+            notes.append(unchecked)
         env["PYTORCH_ROCM_ARCH"] = ";".join(archs)
         env["DS_ROCM_WAVEFRONT_SIZE"] = str(wavefront)
         if environment.rocm and environment.rocm.root:
@@ -164,7 +169,7 @@ def make_plan(
         archs=archs, wavefront=wavefront, ops=tuple(decisions), env=dict(sorted(env.items())),
         path_prepend=path_prepend, target_python=environment.python.executable,
         python_version=environment.python.version, torch_version=torch.version, pip_wheel_args=pip_args,
-        cache_key=cache_key, notes=tuple(notes),
+        cache_key=cache_key, notes=tuple(notes), targets_source=targets_source,
     )
 
 

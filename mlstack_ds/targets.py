@@ -1,16 +1,22 @@
-"""Choose the GPU targets to compile for: exactly the detected GPUs, or what the user asked for.
+"""Choose the GPU targets to compile for: what the user asked for, else exactly the detected GPUs.
 
 Why here and not in DeepSpeed's builder: upstream takes the first `gfx` line of rocminfo, so a build
 host with no GPU, an iGPU next to a dGPU, or several archs silently gets the wrong kernels.
+The order is `--arch`, then `PYTORCH_ROCM_ARCH` (what torch's own extension builder honours, and what a
+login node or a Docker build sets), then the detected GPUs; the plan says which one answered.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from mlstack_ds import gfx
-from mlstack_ds.detect.model import Environment
+from mlstack_ds.detect.model import Environment, TorchInfo
 from mlstack_ds.errors import EnvironmentProblem, UsageError
+
+TargetSource = Literal["flag", "environment", "detected"]
+TARGET_SOURCE_TEXT = {"flag": "--arch", "environment": "PYTORCH_ROCM_ARCH", "detected": "the detected GPUs"}
 
 
 @dataclass(frozen=True)
@@ -18,30 +24,43 @@ class RocmTargets:
     archs: tuple[str, ...]
     wavefront: int
     notes: tuple[str, ...]
+    source: TargetSource = "detected"
 
 
-def parse_arch_option(value: str) -> tuple[str, ...]:
-    """`--arch gfx1100,gfx1101` (commas, semicolons or spaces) -> validated, de-duplicated archs."""
+def parse_arch_option(value: str, origin: str = "--arch") -> tuple[str, ...]:
+    """`gfx1100,gfx1101` (commas, semicolons or spaces; feature suffixes dropped) -> validated,
+    de-duplicated archs. `origin` names where the value came from in errors (`--arch`, `PYTORCH_ROCM_ARCH`)."""
     archs = []
+    shown = f"{origin}={value!r}" if origin.isupper() else origin
     for token in value.replace(";", ",").replace(" ", ",").split(","):
         arch = gfx.base_arch(token.strip()) if token.strip() else ""
         if not arch:
             continue
         if not gfx.is_valid_arch(arch) or arch not in gfx.catalog():
-            known = ", ".join(sorted(gfx.catalog()))
-            raise UsageError(f"--arch {token.strip()}: unknown GPU target", hint=f"known targets: {known}")
+            raise UsageError(f"{shown}: {token.strip()!r} is not a known GPU target",
+                             hint=f"known targets: {', '.join(gfx.sorted_archs(gfx.catalog()))}")
         if arch not in archs:
             archs.append(arch)
     if not archs:
-        raise UsageError("--arch: no GPU target given", hint="e.g. --arch gfx1100 or --arch gfx90a,gfx942")
+        raise UsageError(f"{shown}: no GPU target given", hint="e.g. gfx1100, or gfx90a,gfx942")
     return tuple(archs)
 
 
 def select_rocm_targets(environment: Environment, requested: tuple[str, ...] | None) -> RocmTargets:
     notes: list[str] = []
+    from_env = environment.env.get("PYTORCH_ROCM_ARCH") or None
+    source: TargetSource
     if requested:
-        archs = requested
+        archs, source = requested, "flag"
+        if from_env and set(parse_arch_option(from_env, "PYTORCH_ROCM_ARCH")) != set(requested):
+            notes.append(f"PYTORCH_ROCM_ARCH={from_env} ignored: --arch {','.join(requested)} was given")
+    elif from_env:
+        archs, source = parse_arch_option(from_env, "PYTORCH_ROCM_ARCH"), "environment"
+        detected = sorted({g.arch for g in environment.gpus if g.vendor == "amd" and g.arch and not g.integrated})
+        if detected and set(detected) != set(archs):
+            notes.append(f"building for PYTORCH_ROCM_ARCH={from_env}, not the detected {', '.join(detected)}")
     else:
+        source = "detected"
         amd = [g for g in environment.gpus if g.vendor == "amd" and g.arch]
         discrete = [g for g in amd if not g.integrated]
         chosen = discrete or amd
@@ -51,7 +70,8 @@ def select_rocm_targets(environment: Environment, requested: tuple[str, ...] | N
         if not chosen:
             raise EnvironmentProblem(
                 "no AMD GPU visible to build for",
-                hint="pass the targets explicitly, e.g. --arch gfx90a (see `mlstack-ds detect`)",
+                hint="on a build host without a GPU, name the targets: --arch gfx90a (or export "
+                "PYTORCH_ROCM_ARCH=gfx90a)",
             )
         if any(g.spoofed for g in chosen):
             notes.append("building for the arch forced by HSA_OVERRIDE_GFX_VERSION, which the runtime will report")
@@ -71,7 +91,24 @@ def select_rocm_targets(environment: Environment, requested: tuple[str, ...] | N
             hint="DeepSpeed's kernels are compiled for one wavefront size: build one install per family "
             "(e.g. --arch " + ",".join(by_wave[min(waves)]) + ")",
         )
-    return RocmTargets(archs=archs, wavefront=waves.pop(), notes=tuple(notes))
+    return RocmTargets(archs=archs, wavefront=waves.pop(), notes=tuple(notes), source=source)
+
+
+def refuse_targets_torch_lacks(archs: tuple[str, ...], torch: TorchInfo) -> str | None:
+    """Refuse targets the ROCm torch has no code for (an op built for them could never run beside it);
+    the note to show when torch's list is unknown, else None."""
+    shipped = [gfx.base_arch(a) for a in torch.arch_list]
+    if not shipped:
+        return (f"could not check the targets against the archs torch {torch.version} was built for "
+                "(it reported none)")
+    missing = [a for a in archs if a not in shipped]
+    if missing:
+        raise EnvironmentProblem(
+            f"target {', '.join(missing)} is not in torch {torch.version}'s arch list ({';'.join(torch.arch_list)})",
+            hint="ops built for it could not run next to this torch (doctor MLS-ARCH-001): install a ROCm torch "
+            "built for it, or choose targets from torch's list",
+        )
+    return None
 
 
 def cuda_arch_list(environment: Environment) -> str | None:

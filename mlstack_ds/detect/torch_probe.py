@@ -43,7 +43,11 @@ else:
             "device_count": 0, "devices": [], "path": str(getattr(torch, "__file__", "") or "")}
     if hip or cuda:
         try:
-            info["arch_list"] = list(torch.cuda.get_arch_list())
+            # The archs the wheel was compiled for, read where get_arch_list() reads them: older torch
+            # releases return [] from get_arch_list() on a host without a device (a build host).
+            arch_flags = getattr(torch._C, "_cuda_getArchFlags", None)
+            arch_flags = arch_flags() if arch_flags is not None else None
+            info["arch_list"] = arch_flags.split() if arch_flags else list(torch.cuda.get_arch_list())
             info["device_count"] = int(torch.cuda.device_count())
             for i in range(info["device_count"]):
                 props = torch.cuda.get_device_properties(i)

@@ -17,7 +17,10 @@ from mlstack_ds.recipe import find_recipe
 from mlstack_ds.targets import parse_arch_option
 from mlstack_ds.toolchain import Toolchain
 
-ROCM_TORCH = TorchInfo("2.6.0+rocm6.2.4", "6.2.41134-65d174c3e", None, ["gfx90a", "gfx1100"], 1, [])
+# torch 2.7.1+rocm6.2.4's arch list as it prints it (research: astral-sh/uv#14086 runtime output).
+WHEEL_ARCHS_2_7 = ["gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030", "gfx1100", "gfx1101", "gfx1102",
+                   "gfx1200", "gfx1201"]
+ROCM_TORCH = TorchInfo("2.7.1+rocm6.2.4", "6.2.41134-65d174c3e", None, WHEEL_ARCHS_2_7, 1, [])
 CUDA_TORCH = TorchInfo("2.7.0+cu128", None, "12.8", ["sm_90"], 1, [])
 CPU_TORCH = TorchInfo("2.13.0+cpu", None, None, [], 0, [])
 FULL_TOOLCHAIN = Toolchain(cxx="/usr/bin/c++", hipcc="/opt/rocm/bin/hipcc", nvcc="/usr/local/cuda/bin/nvcc",
@@ -49,6 +52,7 @@ def plan_for(environment: Environment, archs: str | None = None, toolchain: Tool
 def test_rx_7900_xtx(fake_machine, bare_python) -> None:
     plan = plan_for(machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH))
     assert (plan.platform, plan.archs, plan.wavefront) == ("rocm", ("gfx1100",), 32)
+    assert plan.targets_source == "detected"
     assert plan.env["DS_ACCELERATOR"] == "cuda"  # never "rocm": DeepSpeed raises ValueError on it
     assert plan.env["PYTORCH_ROCM_ARCH"] == "gfx1100" and plan.env["DS_BUILD_OPS"] == "0"
     assert plan.env["DS_BUILD_FUSED_ADAM"] == "1" and plan.env["DS_BUILD_SPARSE_ATTN"] == "0"
@@ -72,8 +76,60 @@ def test_dgpu_plus_igpu_excludes_the_igpu(fake_machine, bare_python) -> None:
 
 
 def test_apu_only_builds_for_the_apu(fake_machine, bare_python) -> None:
-    plan = plan_for(machine(fake_machine, bare_python, "rocminfo_gfx1103-apu-780M_rocm-issue-3207.txt", ROCM_TORCH))
+    with_apu = dataclasses.replace(ROCM_TORCH, arch_list=[*WHEEL_ARCHS_2_7, "gfx1103"])
+    plan = plan_for(machine(fake_machine, bare_python, "rocminfo_gfx1103-apu-780M_rocm-issue-3207.txt", with_apu))
     assert plan.archs == ("gfx1103",)
+
+
+def test_apu_torch_has_no_code_for_is_refused_naming_torchs_list(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1103-apu-780M_rocm-issue-3207.txt", ROCM_TORCH)
+    with pytest.raises(EnvironmentProblem, match="target gfx1103 is not in torch 2.7.1.rocm6.2.4's arch list "
+                       r"\(gfx900;gfx906;.*gfx1201\)") as info:
+        plan_for(environment)
+    assert "MLS-ARCH-001" in info.value.hint
+
+
+def test_targets_unchecked_when_torch_lists_no_arch(fake_machine, bare_python) -> None:
+    """torch.cuda.get_arch_list() is [] without a device on older torch; the probe reads the build's arch
+    flags instead, and when even those are missing the plan says it could not check."""
+    blind = dataclasses.replace(ROCM_TORCH, arch_list=[], device_count=0)
+    plan = plan_for(machine(fake_machine, bare_python, None, blind), archs="gfx1151")
+    assert plan.archs == ("gfx1151",)
+    assert any("could not check the targets" in note for note in plan.notes)
+
+
+def test_pytorch_rocm_arch_builds_without_a_gpu(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, None, ROCM_TORCH, PYTORCH_ROCM_ARCH="gfx90a;gfx942")
+    plan = plan_for(environment)
+    assert (plan.archs, plan.wavefront, plan.targets_source) == (("gfx90a", "gfx942"), 64, "environment")
+    assert plan.env["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942"
+
+
+def test_arch_flag_beats_pytorch_rocm_arch_and_says_so(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, None, ROCM_TORCH, PYTORCH_ROCM_ARCH="gfx90a")
+    plan = plan_for(environment, archs="gfx942")
+    assert (plan.archs, plan.targets_source) == (("gfx942",), "flag")
+    assert any("PYTORCH_ROCM_ARCH=gfx90a ignored" in note for note in plan.notes)
+
+
+def test_pytorch_rocm_arch_beats_the_detected_gpu_and_says_so(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH,
+                          PYTORCH_ROCM_ARCH="gfx1100 gfx1101")
+    plan = plan_for(environment)
+    assert (plan.archs, plan.targets_source) == (("gfx1100", "gfx1101"), "environment")
+    assert any("not the detected gfx1100" in note for note in plan.notes)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("cuda;sm_80", r"PYTORCH_ROCM_ARCH='cuda;sm_80': 'cuda' is not a known GPU target"),
+    ("gfx90a;gfx1100", "mix wave32 and wave64"),
+    (" ; ", "PYTORCH_ROCM_ARCH=' ; ': no GPU target given"),
+])
+def test_junk_pytorch_rocm_arch_is_a_usage_error(fake_machine, bare_python, value, message) -> None:
+    environment = machine(fake_machine, bare_python, None, ROCM_TORCH, PYTORCH_ROCM_ARCH=value)
+    with pytest.raises(UsageError, match=message) as info:
+        plan_for(environment)
+    assert info.value.hint
 
 
 def test_hsa_override_builds_the_spoofed_target(fake_machine, bare_python) -> None:
@@ -102,8 +158,9 @@ def test_mixed_wave_sizes_refused(fake_machine, bare_python) -> None:
 
 
 def test_unknown_arch_refused() -> None:
-    with pytest.raises(UsageError, match="gfx9999: unknown GPU target"):
+    with pytest.raises(UsageError, match="--arch: 'gfx9999' is not a known GPU target") as info:
         parse_arch_option("gfx9999")
+    assert "gfx900, gfx902" in info.value.hint and info.value.hint.index("gfx942") < info.value.hint.index("gfx1030")
     assert parse_arch_option("gfx90a:sramecc+:xnack-; gfx942 gfx90a") == ("gfx90a", "gfx942")
 
 
