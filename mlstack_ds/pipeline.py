@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,13 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class BuildOutcome:
+    plan: BuildPlan
+    built: BuiltWheel
+    copied_to: Path | None  # the --wheel-dir copy
+
+
+@dataclass(frozen=True)
 class InstallOutcome:
     plan: BuildPlan
     action: str  # "installed" | "up-to-date"
@@ -93,6 +101,33 @@ def healthy(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> 
         and set(state.prebuilt_ops) == set(plan.built_ops)
         and state.torch_version == receipt.torch_version
     )
+
+
+def run_build(prepared: Prepared, request: InstallRequest, output: Output, progress: BuildProgress | None = None,
+              wheel_dir: Path | None = None) -> BuildOutcome:
+    """`mlstack-ds build`: the wheel of the plan (from the cache, or built), copied to `wheel_dir`;
+    nothing is installed, so it runs on login nodes and in image builds without a GPU."""
+    if wheel_dir is not None and wheel_dir.exists() and not wheel_dir.is_dir():
+        raise UsageError(f"--wheel-dir {wheel_dir}: not a directory", hint="name a directory (it is created)")
+    cache = Cache.open(request.cache_dir)
+    built = build_wheel(prepared.plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
+                        progress=progress, status=output.status)
+    copied = copy_wheel(built.wheel, wheel_dir) if wheel_dir is not None else None
+    return BuildOutcome(prepared.plan, built, copied)
+
+
+def copy_wheel(wheel: Path, directory: Path) -> Path:
+    """Copy the wheel into `directory` under its own name, atomically (a reader never sees half a file)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / wheel.name
+        partial = directory / f".{wheel.name}.partial"
+        shutil.copyfile(wheel, partial)
+        os.replace(partial, target)
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write the wheel to {directory}: {exc.strerror or exc}",
+                                 hint="choose a writable --wheel-dir") from exc
+    return target
 
 
 def run_install(prepared: Prepared, request: InstallRequest, output: Output,

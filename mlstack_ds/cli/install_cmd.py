@@ -18,9 +18,10 @@ from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, VerifyFailed
 from mlstack_ds.install import probe_installed, rollback, uninstall
-from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_install
+from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_build, run_install
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
+from mlstack_ds.targets import TARGET_SOURCE_TEXT
 from mlstack_ds.verify.report import render_table
 
 PYTHON_HELP = "Interpreter (or venv directory) that gets DeepSpeed. Default: the one running mlstack-ds."
@@ -54,7 +55,7 @@ def register(app: typer.Typer) -> None:
         git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
         sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
         arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. "
-                                        "Default: the detected discrete GPUs."),
+                                        "Default: $PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
         python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
         jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
@@ -110,6 +111,64 @@ def register(app: typer.Typer) -> None:
         else:
             output.out.print(f"[green]installed[/] DeepSpeed {outcome.receipt.deepspeed_version} with prebuilt ops: "
                              + ", ".join(plan.built_ops))
+
+    @app.command("build")
+    def build_command(
+        deepspeed_version: str = typer.Option("0.19.5", "--deepspeed-version", help="Pinned release (a recipe)."),
+        source: str = typer.Option("pypi", "--source", help="git | pypi | http(s) URL of an sdist | local path."),
+        git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
+        git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
+        sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
+        arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx90a,gfx942. Default: "
+                                        "$PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
+        python: Path | None = typer.Option(None, "--python", help="Interpreter (or venv) whose torch the ops are "
+                                           "built against. Default: the one running mlstack-ds."),
+        jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
+                                              "(default $XDG_CACHE_HOME/mlstack-ds)."),
+        wheel_dir: Path | None = typer.Option(None, "--wheel-dir", help="Also copy the wheel into this directory."),
+        no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
+        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the wheel instead of reusing the cache."),
+    ) -> None:
+        """Build the DeepSpeed wheel with prebuilt ops and stop: nothing is installed.
+
+        For login nodes, CI and container images, where no GPU is visible: name the targets with `--arch`
+        (or `PYTORCH_ROCM_ARCH`). The wheel lands in the wheel cache (and in `--wheel-dir`); `install` with
+        the same plan on a machine sharing the cache then reuses it.
+        """
+        output = make_output(json_output)
+        request = InstallRequest(
+            deepspeed_version=deepspeed_version, source=source, git_url=git_url, git_commit=git_commit,
+            sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
+            verify=False, rebuild=rebuild,
+        )
+        prepared = prepare(request)
+        plan = prepared.plan
+        if dry_run:
+            if json_output:
+                output.emit_json({"action": "plan", "plan": plan.to_dict()})
+            else:
+                render_plan(plan, output, output.out)
+            return
+        if not json_output:
+            render_plan(plan, output, output.err)
+        with sigterm_as_interrupt(), _build_progress(output) as progress:
+            outcome = run_build(prepared, request, output, progress, wheel_dir=wheel_dir)
+        built = outcome.built
+        if json_output:
+            output.emit_json({"action": "cached" if built.cached else "built", "plan": plan.to_dict(),
+                              "wheel": str(built.wheel), "sha256": built.sha256,
+                              "copied_to": str(outcome.copied_to) if outcome.copied_to else None,
+                              "seconds": round(built.seconds, 1)})
+            return
+        verb = "reused the cached wheel" if built.cached else f"built in {built.seconds:.0f} s"
+        output.out.print(f"{verb}: {escape(str(built.wheel))}")
+        if outcome.copied_to:
+            output.out.print(f"copied to {escape(str(outcome.copied_to))}")
+        output.out.print(f"sha256 {built.sha256}; ops: {', '.join(plan.built_ops) or 'none'}"
+                         + (f"; targets {', '.join(plan.archs)}" if plan.archs else ""))
 
     @app.command("status")
     def status_command(
@@ -185,7 +244,8 @@ def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
     head.add_row("patches", "\n".join(p.name for p in plan.patches) or "none")
     head.add_row("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})")
     if plan.archs:
-        head.add_row("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else ""))
+        head.add_row("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else "")
+                     + (f", from {TARGET_SOURCE_TEXT[plan.targets_source]}" if plan.targets_source else ""))
     head.add_row("python", f"{plan.target_python} (torch {plan.torch_version})")
     head.add_row("cache key", plan.cache_key)
     head.add_row("build env", escape(" ".join(f"{key}={value}" for key, value in plan.env.items())))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -63,6 +64,29 @@ def test_force_reinstalls_from_the_warm_cache(installed_target: Target) -> None:
     assert "reusing cached wheel" in result.stderr
     assert set((installed_target.cache / "logs").glob("*.log")) == logs_before  # nothing was compiled
     assert installed_target.status()["intact"] is True
+
+
+def test_build_stops_after_the_wheel_and_copies_it(installed_target: Target, tmp_path: Path) -> None:
+    """`mlstack-ds build` (image and login-node builds): the plan's wheel, from the warm cache, into
+    --wheel-dir; the environment is not touched."""
+    before = installed_target.status()
+    logs_before = set((installed_target.cache / "logs").glob("*.log"))
+    result = installed_target.cli("build", "--python", installed_target.python, "--cache-dir",
+                                  str(installed_target.cache), "--wheel-dir", str(tmp_path / "wheels"), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(result.stdout)
+    assert document["action"] == "cached"
+    copied = Path(document["copied_to"])
+    assert copied.parent == tmp_path / "wheels" and copied.name.startswith("deepspeed-0.19.5")
+    assert hashlib.sha256(copied.read_bytes()).hexdigest() == document["sha256"] == before["receipt"]["wheel_sha256"]
+    assert [p.name for p in copied.parent.iterdir()] == [copied.name]  # no partial file left
+    assert set((installed_target.cache / "logs").glob("*.log")) == logs_before
+    assert installed_target.status() == before
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    refused = installed_target.cli("build", "--python", installed_target.python, "--cache-dir",
+                                   str(installed_target.cache), "--wheel-dir", str(not_a_dir))
+    assert refused.returncode == 2 and "not a directory" in refused.stderr
 
 
 def test_dry_run_json_changes_nothing(installed_target: Target) -> None:
