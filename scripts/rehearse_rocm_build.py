@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Rehearse DeepSpeed's real ROCm build on this machine (no GPU, no ROCm needed): print what would be compiled.
+
+  scripts/rehearse_rocm_build.py --rocminfo CAPTURE [--rocm 6.4.1] [--torch 2.13.0] [--json]
+  scripts/rehearse_rocm_build.py --matrix [--write-docs] [--jobs 2] [--json]
+
+One rehearsal plans the install `mlstack-ds install` would make on the machine CAPTURE describes (a
+saved `rocminfo` output), then runs our build stage for real (fetch, patch, `pip wheel` of DeepSpeed's
+setup.py) with torch reporting a ROCm build and hipcc/g++ only recording their command lines; see
+mlstack_ds/rehearsal. `--matrix` runs the rows of mlstack_ds/rehearsal/matrix.py and `--write-docs`
+regenerates docs/rocm-build-matrix.md from them.
+
+Exit codes: 0 every rehearsal built and is sound, 1 a bug, 2 bad usage, 6 a rehearsal failed to build
+or broke a rule (the violations are listed), 3 the plan was refused (the refusal is printed, as install
+would print it; for the matrix, any refusal is a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mlstack_ds.errors import MlstackError  # noqa: E402
+from mlstack_ds.recipe import find_recipe  # noqa: E402
+from mlstack_ds.rehearsal.matrix import ROWS, matrix_markdown, rocminfo_text, spec_for  # noqa: E402
+from mlstack_ds.rehearsal.run import RehearsalResult, RehearsalSpec, rehearse, violations  # noqa: E402
+from mlstack_ds.source.cache import default_cache_dir  # noqa: E402
+from mlstack_ds.source.fetch import parse_source_spec  # noqa: E402
+
+CAPTURES = REPO / "tests" / "fixtures" / "real"
+EXTRA_CAPTURES = REPO / "tests" / "patches" / "fixtures"  # the no-GPU capture of this CI machine
+DOCS = REPO / "docs" / "rocm-build-matrix.md"
+STUBS = REPO / "tests" / "patches" / "hip" / "stub"  # device-side stand-ins for host-only headers
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--rocminfo", type=Path, action="append", metavar="CAPTURE",
+                      help="a saved rocminfo output; repeat to splice several machines' GPUs into one node")
+    what.add_argument("--matrix", action="store_true", help="rehearse every row of the ROCm build matrix")
+    parser.add_argument("--rocminfo-exit", type=int, default=0, help="rocminfo's exit status on that machine")
+    parser.add_argument("--rocm", default="6.4.1", help="ROCm release of the host (default 6.4.1)")
+    parser.add_argument("--rocm-layout", choices=("opt", "distro"), default="opt",
+                        help="opt: /opt/rocm with .info/version; distro: packaged ROCm without it")
+    parser.add_argument("--torch", default="2.13.0", help="the ROCm torch release the build interpreter reports")
+    parser.add_argument("--torch-build", choices=("rocm", "cpu", "cuda"), default="rocm",
+                        help="rehearse a CPU or CUDA torch on the ROCm host (the plan must refuse it)")
+    parser.add_argument("--torch-archs", help="archs the ROCm torch was built for (default: unknown)")
+    parser.add_argument("--arch", help="install --arch")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="the user's environment on that machine, e.g. PYTORCH_ROCM_ARCH=gfx90a")
+    parser.add_argument("--no-patches", action="store_true", help="build pristine DeepSpeed")
+    parser.add_argument("--all-ops", action="store_true", help="DS_BUILD_OPS=1 instead of the plan's op list")
+    parser.add_argument("--source", default="pypi", help="pypi (default), or a local sdist/tree")
+    parser.add_argument("--python", type=Path, default=Path(sys.executable),
+                        help="build interpreter with torch installed (default: this one)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="download cache (default: mlstack-ds's)")
+    parser.add_argument("--jobs", type=int, default=2, help="matrix rehearsals at once (default 2)")
+    parser.add_argument("--write-docs", action="store_true", help=f"with --matrix: rewrite {DOCS.relative_to(REPO)}")
+    parser.add_argument("--syntax-hipcc", help="a real hipcc for the syntax check of hipified sources "
+                        "(default: hipcc on PATH, e.g. Debian's)")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    args = parser.parse_args(argv)
+    if args.write_docs and not args.matrix:
+        parser.error("--write-docs needs --matrix")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    return args
+
+
+def single_spec(args: argparse.Namespace) -> RehearsalSpec:
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"error: --env {item!r}: expected NAME=VALUE")
+        env[name] = value
+    for capture in args.rocminfo:
+        if not capture.is_file():
+            raise SystemExit(f"error: --rocminfo {capture}: no such file")
+    archs = tuple(a for a in (args.torch_archs or "").replace(";", " ").replace(",", " ").split() if a)
+    return RehearsalSpec(
+        name="rehearsal", rocminfo=rocminfo_text(args.rocminfo), rocminfo_exit=args.rocminfo_exit,
+        rocm_version=args.rocm, rocm_layout=args.rocm_layout, torch_version=args.torch, torch_build=args.torch_build,
+        torch_archs=archs or None, archs=args.arch, user_env=env, patches=not args.no_patches, all_ops=args.all_ops,
+        syntax_hipcc=args.syntax_hipcc, syntax_stubs=str(STUBS) if args.syntax_hipcc else None)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    recipe = find_recipe("deepspeed-0.19.5")
+    source = parse_source_spec(args.source)
+    cache = args.cache_dir or default_cache_dir()
+
+    def status(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    def one(spec: RehearsalSpec) -> RehearsalResult:
+        return rehearse(spec, recipe, source, python=args.python, fetch_cache=cache, status=status)
+
+    if args.matrix:
+        hipcc = args.syntax_hipcc or shutil.which("hipcc")
+        specs = [spec_for(row, find_capture, hipcc, STUBS) for row in ROWS]
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(one, specs))
+        if args.write_docs:
+            DOCS.write_text(matrix_markdown(ROWS, results))
+            status(f"wrote {DOCS}")
+    else:
+        results = [one(single_spec(args))]
+    for result in results:
+        _report(result, args.json)
+    if args.json:
+        document = [r.to_dict() for r in results] if args.matrix else results[0].to_dict()
+        print(json.dumps(document, indent=2))
+    if any(r.outcome == "refused" for r in results):
+        return 3 if not args.matrix else 6
+    return 6 if any(r.outcome != "built" or violations(r) for r in results) else 0
+
+
+def find_capture(name: str) -> Path:
+    """A capture of the matrix: the real captures, or the no-GPU capture of this CI machine."""
+    return next((d / name for d in (CAPTURES, EXTRA_CAPTURES) if (d / name).is_file()), CAPTURES / name)
+
+
+def _report(result: RehearsalResult, quiet: bool) -> None:
+    out = sys.stderr if quiet else sys.stdout
+    plan = result.plan
+    print(f"{result.spec.name}: {result.outcome} in {result.seconds:.0f} s", file=out)
+    if plan is not None:
+        print(f"  targets {', '.join(plan.archs)} ({plan.targets_source}), wave{plan.wavefront}; "
+              f"planned ops: {', '.join(plan.built_ops)}", file=out)
+        for note in plan.notes:
+            print(f"  note: {note}", file=out)
+    if result.error:
+        print(f"  error: {result.error}", file=out)
+        if result.hint:
+            print(f"  hint: {result.hint}", file=out)
+    for name, op in result.ops.items():
+        hip = sum(r.is_hip for r in op.compiles)
+        print(f"  {name}: {len(op.compiles)} compiles ({hip} hipcc)", file=out)
+    for problem in violations(result):
+        print(f"  VIOLATION: {problem}", file=out)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except MlstackError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
