@@ -1,12 +1,12 @@
 """The ROCm build matrix the tests rehearse and docs/rocm-build-matrix.md reports.
 
 Why these rows: every machine the issue names (the guide's RX 7900 XTX, MI210/MI250, MI300X, RX 6900 XT,
-RX 9070, a node with two wave32 archs), every ROCm release (6.2, 6.4, 7.0) and torch on both sides of
-2.12 (where the C++ standard changes) appear at least once, without the full product of them (each
-rehearsal runs DeepSpeed's setup.py twice under pip: about a minute on 2 cores). Machines with a real
-rocminfo capture replay it; MI300X and RX 9070 are rehearsed as GPU-less build hosts (the capture of
-Debian's rocminfo on this CI machine) with the targets named, which is how such wheels are built for
-clusters and images anyway.
+RX 9070, a node with two wave32 archs), every ROCm release (6.2, 6.4, 7.0) and torch before 2.12, from
+2.12 (extensions built as C++20) and from 2.14 (headers refuse C++17) appear at least once, without the
+full product of them (each rehearsal runs DeepSpeed's setup.py twice under pip: about 40 s on 2 cores).
+Machines with a real rocminfo capture replay it; MI300X and RX 9070 are rehearsed as GPU-less build
+hosts (the capture of Debian's rocminfo on this CI machine) with the targets named, which is how
+such wheels are built for clusters and images anyway.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ ROWS: tuple[Row, ...] = (
         torch_version="2.13.0", torch_archs=TORCH_WHEEL_ARCHS, syntax_check=True),
     Row("mi210x4-rocm6.4-torch2.12", "4x MI210 (gfx90a)", (GFX90A,), rocm_version="6.4.1", torch_version="2.12.0",
         torch_archs=TORCH_WHEEL_ARCHS, syntax_check=True),
-    Row("mi300x-build-host-rocm7.0-torch2.13", "MI300X (gfx942), GPU-less build host, --arch", (NO_GPU,),
-        rocminfo_exit=1, rocm_version="7.0.0", torch_version="2.13.0", torch_archs=TORCH_WHEEL_ARCHS,
+    Row("mi300x-build-host-rocm7.0-torch2.14", "MI300X (gfx942), GPU-less build host, --arch", (NO_GPU,),
+        rocminfo_exit=1, rocm_version="7.0.0", torch_version="2.14.0", torch_archs=TORCH_WHEEL_ARCHS,
         archs="gfx942"),
     Row("rx6900xt-distro-rocm6.2-torch2.11", "RX 6900 XT (gfx1030), distro ROCm without .info/version",
         (GFX1030,), rocm_version="6.2.4", rocm_layout="distro", torch_version="2.11.0"),
@@ -170,8 +170,9 @@ def matrix_markdown(rows: Sequence[Row], results: Sequence[RehearsalResult]) -> 
         "* A translation unit that does pass the syntax check has no error that clang's HIP front end can",
         "  see before code generation, for the row's first target.",
         "* Every hipcc compile line carries `--offload-arch` for exactly the plan's targets and the plan's",
-        "  `-DROCM_WAVEFRONT_SIZE`; every compile (hipcc and host) uses the C++ standard the torch release needs",
-        "  (C++20 from torch 2.12, C++17 before).",
+        "  `-DROCM_WAVEFRONT_SIZE`. Every compile uses a C++ standard the torch release's headers accept (C++20",
+        "  from 2.14, C++17 before), and wherever DeepSpeed chooses the standard itself (host compiles, and hipcc",
+        "  lines from `CUDAOpBuilder.nvcc_args()`) it is the one torch builds extensions with (C++20 from 2.12).",
         "* torch's hipify runs on the real sources, and torch's `cpp_extension` writes the real compile lines.",
         "",
         "## What it cannot prove",

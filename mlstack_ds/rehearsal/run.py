@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import tempfile
 import time
 import zipfile
@@ -55,11 +54,20 @@ def hip_version_for(rocm: str) -> str:
     return HIP_VERSIONS.get(major_minor, f"{major_minor}.0-rehearsal")
 
 
-def torch_cxx_standard(torch_version: str) -> str:
-    """The oldest C++ standard this torch's headers accept (docs/patches.md, 0015): an extension built
-    against it must compile with this standard or a newer one."""
-    release = Version(torch_version.split("+", 1)[0]).release
-    return "c++20" if release[:2] >= (2, 12) else "c++17"
+def header_minimum_standard(torch_version: str) -> str:
+    """The oldest C++ standard this torch's headers accept: C++20 from torch 2.14 (pytorch#178150 put it
+    in the header guards), C++17 before (docs/patches.md, 0015, has the evidence per release)."""
+    return "c++20" if _release(torch_version) >= (2, 14) else "c++17"
+
+
+def extension_standard(torch_version: str) -> str:
+    """The standard this torch builds extensions with, and so DeepSpeed's flags must carry: C++20 from
+    2.12 (cpp_extension since pytorch#176659; DeepSpeed's cxx_args() since #8238), C++17 before."""
+    return "c++20" if _release(torch_version) >= (2, 12) else "c++17"
+
+
+def _release(torch_version: str) -> tuple[int, ...]:
+    return Version(torch_version.split("+", 1)[0]).release[:2]
 
 
 def standard_year(std: str) -> int:
@@ -116,7 +124,11 @@ class RehearsalResult:
 
     @property
     def required_std(self) -> str:
-        return torch_cxx_standard(self.spec.torch_version)
+        return header_minimum_standard(self.spec.torch_version)
+
+    @property
+    def extension_std(self) -> str:
+        return extension_standard(self.spec.torch_version)
 
     def to_dict(self) -> dict[str, Any]:
         spec = dataclasses.asdict(self.spec)
@@ -129,6 +141,7 @@ class RehearsalResult:
                 "archs": list(plan.archs), "wavefront": plan.wavefront, "built_ops": list(plan.built_ops),
                 "env": plan.env, "notes": list(plan.notes), "targets_source": plan.targets_source},
             "required_std": self.required_std,
+            "extension_std": self.extension_std,
             "installed_ops": self.installed_ops,
             "ops": {name: {"extension": op.extension,
                            "compile": [list(r.argv) for r in op.compiles],
@@ -232,9 +245,13 @@ def violations(result: RehearsalResult) -> list[str]:
             problems.append(f"{name}: linked without compiling anything")
         for record in op.compiles:
             where = f"{name}: {Path(record.source or record.output).name}"
-            if not record.std or standard_year(record.std[-1]) < standard_year(result.required_std):
-                problems.append(f"{where}: -std={record.std[-1] if record.std else '(none)'}, torch "
-                                f"{result.spec.torch_version} needs -std={result.required_std} or newer")
+            std = record.std[-1] if record.std else "(none)"
+            if standard_year(std) < standard_year(result.required_std):
+                problems.append(f"{where}: -std={std}, but torch {result.spec.torch_version}'s headers need "
+                                f"-std={result.required_std} or newer")
+            elif deepspeed_chose_standard(record) and std != result.extension_std:
+                problems.append(f"{where}: DeepSpeed gives -std={std}, but torch {result.spec.torch_version} "
+                                f"builds extensions (and DeepSpeed's host compiles) as -std={result.extension_std}")
             if not record.is_hip:
                 continue
             if sorted(record.offload_archs) != sorted(plan.archs) or len(set(record.offload_archs)) != len(
@@ -245,5 +262,8 @@ def violations(result: RehearsalResult) -> list[str]:
     return problems
 
 
-def clean_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def deepspeed_chose_standard(record: Record) -> bool:
+    """Whether the -std on this line is DeepSpeed's own choice, not torch's default: every host compile
+    (its cxx_args()), and hipcc lines built from CUDAOpBuilder.nvcc_args() (the only source of
+    `-U__HIP_NO_HALF_OPERATORS__`). fused_adam/lamb/lion pass hipcc no -std: torch adds its default."""
+    return not record.is_hip or "-U__HIP_NO_HALF_OPERATORS__" in record.argv
