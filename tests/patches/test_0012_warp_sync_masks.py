@@ -3,6 +3,9 @@
 Probe kernels using the real (hipified) headers are compiled with Debian's hipcc against
 `hip/warp_sync_contract.h`, which declares the `__shfl*_sync` intrinsics with ROCm 6.3's contract
 (`sizeof(mask) == 8`, same static_assert message). 0.19.5 fails it; the patched headers pass.
+Only the fp6_dequant probe mirrors code DeepSpeed compiles (inference_core_ops); the type_shim and
+general_kernels probes call `reduce_block_into_lanes` and use `FINAL_MASK`, which nothing in DeepSpeed
+0.19.5 does (docs/patches.md, 0012, "What that reaches").
 """
 
 from __future__ import annotations
