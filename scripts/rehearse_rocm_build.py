@@ -10,15 +10,17 @@ setup.py) with torch reporting a ROCm build and hipcc/g++ only recording their c
 mlstack_ds/rehearsal. `--matrix` runs the rows of mlstack_ds/rehearsal/matrix.py and `--write-docs`
 regenerates docs/rocm-build-matrix.md from them.
 
-Exit codes: 0 every rehearsal built and is sound, 1 a bug, 2 bad usage, 6 a rehearsal failed to build
-or broke a rule (the violations are listed), 3 the plan was refused (the refusal is printed, as install
-would print it; for the matrix, any refusal is a failure).
+Exit codes: 0 every rehearsal built and is sound, 1 a bug, 2 bad usage, 3 the machine is refused,
+6 a rehearsal failed to build or broke a rule (the violations are listed; in the matrix, a refused row
+is a failure too), 130 interrupted. A refused plan exits as `install` would (e.g. mixed wavefronts are
+a usage error, 2; a CPU torch on a ROCm host is an environment problem, 3), with its error and hint.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mlstack_ds.errors import MlstackError  # noqa: E402
+from mlstack_ds.errors import MlstackError, UsageError  # noqa: E402
 from mlstack_ds.recipe import find_recipe  # noqa: E402
 from mlstack_ds.rehearsal.matrix import ROWS, matrix_markdown, rocminfo_text, spec_for  # noqa: E402
 from mlstack_ds.rehearsal.run import RehearsalResult, RehearsalSpec, rehearse, violations  # noqa: E402
@@ -69,6 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--syntax-hipcc", help="a real hipcc for the syntax check of hipified sources "
                         "(default: hipcc on PATH, e.g. Debian's)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--verbose", action="store_true", help="print every recorded compile line")
     args = parser.parse_args(argv)
     if args.write_docs and not args.matrix:
         parser.error("--write-docs needs --matrix")
@@ -82,11 +85,12 @@ def single_spec(args: argparse.Namespace) -> RehearsalSpec:
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise SystemExit(f"error: --env {item!r}: expected NAME=VALUE")
+            raise UsageError(f"--env {item!r}: expected NAME=VALUE", hint="e.g. --env PYTORCH_ROCM_ARCH=gfx90a")
         env[name] = value
     for capture in args.rocminfo:
         if not capture.is_file():
-            raise SystemExit(f"error: --rocminfo {capture}: no such file")
+            raise UsageError(f"--rocminfo {capture}: no such file",
+                             hint="a saved `rocminfo` output, e.g. tests/fixtures/real/rocminfo_gfx1100_*.txt")
     archs = tuple(a for a in (args.torch_archs or "").replace(";", " ").replace(",", " ").split() if a)
     return RehearsalSpec(
         name="rehearsal", rocminfo=rocminfo_text(args.rocminfo), rocminfo_exit=args.rocminfo_exit,
@@ -118,12 +122,12 @@ def main(argv: list[str]) -> int:
     else:
         results = [one(single_spec(args))]
     for result in results:
-        _report(result, args.json)
+        _report(result, args.json, args.verbose)
     if args.json:
         document = [r.to_dict() for r in results] if args.matrix else results[0].to_dict()
         print(json.dumps(document, indent=2))
-    if any(r.outcome == "refused" for r in results):
-        return 3 if not args.matrix else 6
+    if not args.matrix and results[0].outcome == "refused":
+        return results[0].exit_code or 3
     return 6 if any(r.outcome != "built" or violations(r) for r in results) else 0
 
 
@@ -132,7 +136,7 @@ def find_capture(name: str) -> Path:
     return next((d / name for d in (CAPTURES, EXTRA_CAPTURES) if (d / name).is_file()), CAPTURES / name)
 
 
-def _report(result: RehearsalResult, quiet: bool) -> None:
+def _report(result: RehearsalResult, quiet: bool, verbose: bool) -> None:
     out = sys.stderr if quiet else sys.stdout
     plan = result.plan
     print(f"{result.spec.name}: {result.outcome} in {result.seconds:.0f} s", file=out)
@@ -148,6 +152,8 @@ def _report(result: RehearsalResult, quiet: bool) -> None:
     for name, op in result.ops.items():
         hip = sum(r.is_hip for r in op.compiles)
         print(f"  {name}: {len(op.compiles)} compiles ({hip} hipcc)", file=out)
+        for record in op.compiles if verbose else ():
+            print("    " + shlex.join(record.argv), file=out)
     for problem in violations(result):
         print(f"  VIOLATION: {problem}", file=out)
 
