@@ -3,6 +3,7 @@
 
     python scripts/bench.py install [--json-out FILE] [--markdown-out FILE]
     python scripts/bench.py verify [--python PY --jit-python PY] [--json-out FILE]
+    python scripts/bench.py rehearsal [--source SDIST] [--repeat N] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = {"install": "bench_install", "verify": "bench_verify"}
+SUBCOMMANDS = {"install": "bench_install", "verify": "bench_verify", "rehearsal": "bench_rehearsal"}
 
 
 def main() -> int:

@@ -22,6 +22,7 @@ import argparse
 import json
 import shlex
 import shutil
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -158,7 +159,12 @@ def _report(result: RehearsalResult, quiet: bool, verbose: bool) -> None:
         print(f"  VIOLATION: {problem}", file=out)
 
 
+def _sigterm_as_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # the build's process group is killed, temp dirs go
     try:
         sys.exit(main(sys.argv[1:]))
     except MlstackError as exc:
