@@ -21,7 +21,7 @@ from mlstack_ds.plan import BuildPlan, plan_env
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.runner import run_streaming
 from mlstack_ds.source.cache import Cache, publish, sha256_of
-from mlstack_ds.source.fetch import SourceSpec, fetch_source
+from mlstack_ds.source.fetch import SourceSpec, SourceTree, fetch_source, source_pin
 from mlstack_ds.source.gitrepo import rev_parse
 
 _EXTENSION_RE = re.compile(r"building '([\w.]+)' extension")
@@ -94,11 +94,13 @@ def build_wheel(
     with cache.staging_dir("build") as staging:
         status(f"fetching DeepSpeed {recipe.version} ({spec.kind})")
         tree = fetch_source(recipe, spec, cache.root, staging / "src")
+        _check_source_is_the_plans(plan, recipe, spec, tree)
         commit = tree.commit
         tree_hash = rev_parse(tree.path, f"{commit}^{{tree}}", BuildError)
         if plan.patches:
             status(f"applying {len(plan.patches)} patches")
             applied = apply_series(tree.path, series_for_recipe(recipe))
+            _check_series_is_the_plans(plan, applied.patches)
             tree_hash, commit = applied.tree_hash, applied.head
         status(f"building ops: {', '.join(plan.built_ops) or 'none'} (log: {log_path})")
         out = staging / "wheel"
@@ -120,6 +122,24 @@ def build_wheel(
         publish(out, final_dir)
     wheel = final_dir / wheels[0].name
     return BuiltWheel(wheel, sha256_of(wheel), commit, tree_hash, False, log_path, time.monotonic() - started)
+
+
+def _check_source_is_the_plans(plan: BuildPlan, recipe: Recipe, spec: SourceSpec, tree: SourceTree) -> None:
+    """The plan hashed one source; build exactly that one (a local tree edited since the plan is refused)."""
+    now = source_pin(recipe, spec)
+    fetched = tree.sha256 if tree.sha256 else tree.commit
+    if now != plan.source_pin or (not now.startswith("tree:") and fetched != plan.source_pin):
+        raise BuildError(f"the source changed since the plan was made (plan {plan.source_pin[:17]}, "
+                         f"now {now[:17]})", hint="run the same command again to plan for the source as it is now")
+
+
+def _check_series_is_the_plans(plan: BuildPlan, applied: tuple[tuple[str, str], ...]) -> None:
+    """The plan (and so the cache key) names each patch by its sha256; build with exactly those."""
+    planned = tuple((p.name, p.sha256) for p in plan.patches)
+    if tuple(applied) != planned:
+        changed = sorted({name for name, _ in set(applied) ^ set(planned)})
+        raise BuildError(f"the patch series changed since the plan was made: {', '.join(changed)}",
+                         hint="run the same command again to plan with the series as it is now")
 
 
 def _first_error(output: str) -> str:

@@ -21,7 +21,7 @@ from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
 from mlstack_ds.receipt import Receipt, read_receipt
 from mlstack_ds.recipe import Recipe, find_recipe
 from mlstack_ds.source.cache import Cache
-from mlstack_ds.source.fetch import SourceSpec, check_local_source, parse_source_spec
+from mlstack_ds.source.fetch import SourceSpec, check_local_source, parse_source_spec, source_pin
 from mlstack_ds.targets import parse_arch_option
 from mlstack_ds.toolchain import probe_toolchain
 from mlstack_ds.verify.report import VerifyReport
@@ -87,7 +87,8 @@ def prepare(request: InstallRequest) -> Prepared:
     environment = detect(python=request.python)
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir)
-    options = PlanOptions(source=request.source, archs=archs, jobs=request.jobs, patches=request.patches)
+    options = PlanOptions(source=request.source, archs=archs, jobs=request.jobs, patches=request.patches,
+                          source_pin=source_pin(recipe, spec))
     plan = make_plan(environment, recipe, toolchain, patch_refs(recipe) if request.patches else [], options)
     return Prepared(environment, recipe, spec, plan)
 

@@ -31,6 +31,7 @@ class PlanOptions:
     archs: tuple[str, ...] | None = None
     jobs: int | None = None
     patches: bool = True
+    source_pin: str | None = None  # what the build will use (source.fetch.source_pin); None: the recipe's
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class BuildPlan:
     recipe: str
     deepspeed_version: str
     source: str
-    source_pin: str  # the pinned commit (git) or sdist sha256 (everything else): what the tree must be
+    source_pin: str  # what the tree must be: a commit, an archive's sha256, or tree:<digest> of a directory
     patches: tuple[PatchRef, ...]
     platform: str
     accelerator: str
@@ -152,12 +153,14 @@ def make_plan(
     if not toolchain.ninja:
         notes.append("ninja not found: ops compile one file at a time (pip install ninja makes it faster)")
 
-    source_pin = recipe.git.commit if options.source == "git" else recipe.sdist.sha256
+    source_pin = options.source_pin or (recipe.git.commit if options.source == "git" else recipe.sdist.sha256)
     patch_refs = tuple(patches) if options.patches else ()
     pip_args = ("-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir")
     key_material = {
-        "schema": PLAN_SCHEMA, "deepspeed": recipe.version, "source": options.source.split(":")[0],
-        "source_pin": source_pin, "patches": [asdict(p) for p in patch_refs], "platform": platform,
+        # The pin is the content, whichever way it arrives (PyPI, a URL or a file with the same sha256 are
+        # one tree); the kind of source is not part of the key.
+        "schema": PLAN_SCHEMA, "deepspeed": recipe.version, "source_pin": source_pin,
+        "patches": [asdict(p) for p in patch_refs], "platform": platform,
         "archs": archs, "env": {k: v for k, v in env.items() if k != "MAX_JOBS"},
         "torch": torch.version, "torch_hip": torch.hip, "torch_cuda": torch.cuda,
         "python": major_minor(environment.python.version),

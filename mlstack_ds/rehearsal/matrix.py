@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlstack_ds.rehearsal.records import Record
 from mlstack_ds.rehearsal.run import RehearsalResult, RehearsalSpec, violations
 
 GFX1100 = "rocminfo_gfx1100_rocm-issue-3949.txt"
@@ -107,6 +108,13 @@ def spec_for(row: Row, find_capture: Callable[[str], Path], syntax_hipcc: str | 
         syntax_stubs=str(syntax_stubs) if check and syntax_stubs else None)
 
 
+def key_flags(hip: Sequence[Record]) -> str:
+    """The distinct target, wavefront and C++ standard flags of the recorded hipcc lines."""
+    flags = sorted({a for r in hip for a in r.argv
+                    if a.startswith(("--offload-arch=", "-DROCM_WAVEFRONT_SIZE=", "-std="))})
+    return " ".join(f"`{f}`" for f in flags) or "-"
+
+
 def syntax_summary(result: RehearsalResult) -> str:
     """`3/9 ok` plus why the others could not be checked, or `-` when no check ran."""
     verdicts = [r.syntax for op in result.ops.values() for r in op.compiles if r.syntax is not None]
@@ -144,22 +152,21 @@ def matrix_markdown(rows: Sequence[Row], results: Sequence[RehearsalResult]) -> 
         "distro, `rocminfo` replays a real capture, and hipcc and the host compiler/linker only record their",
         "command lines. The targets are those `install` plans for that machine.",
         "",
-        "| machine | ROCm | torch | targets (from) | wave | ops built | HIP -std | HIP compiles | hipcc syntax check | "
-        "verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| machine | ROCm | torch | targets (from) | ops built | key hipcc flags, as recorded | hipcc lines | "
+        "hipcc syntax check | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row, result in zip(rows, results, strict=True):
         plan = result.plan
         hip = [r for op in result.ops.values() for r in op.compiles if r.is_hip]
-        stds = sorted({r.std[-1] for op in result.ops.values() for r in op.compiles if r.std})
         problems = violations(result)
         verdict = ("sound" if result.outcome == "built" and not problems else
                    f"{len(problems)} problem(s)" if result.outcome == "built" else f"{result.outcome}: {result.error}")
         targets = f"{', '.join(plan.archs)} ({plan.targets_source})" if plan else "-"
         lines.append(
             f"| {row.machine} | {row.rocm_version} ({row.rocm_layout}) | {row.torch_version} | {targets} | "
-            f"{plan.wavefront if plan else '-'} | {', '.join(sorted(result.ops)) or '-'} | "
-            f"{', '.join(stds) or '-'} | {len(hip)} | {syntax_summary(result)} | {verdict} |")
+            f"{', '.join(sorted(result.ops)) or '-'} | {key_flags(hip)} | {len(hip)} | {syntax_summary(result)} | "
+            f"{verdict} |")
     lines += [
         "",
         "## What this proves",

@@ -35,7 +35,7 @@ from mlstack_ds.recipe import Recipe
 from mlstack_ds.rehearsal.machine import FakeTorch, RocmLayout, make_fake_host
 from mlstack_ds.rehearsal.records import OpBuild, Record, group_by_op, load_records
 from mlstack_ds.source.cache import Cache
-from mlstack_ds.source.fetch import SourceSpec
+from mlstack_ds.source.fetch import SourceSpec, source_pin
 from mlstack_ds.targets import parse_arch_option
 from mlstack_ds.toolchain import probe_toolchain
 
@@ -171,7 +171,7 @@ def rehearse(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python:
         result = RehearsalResult(spec, "refused", 0.0)
         try:
             status(f"{spec.name}: planning")
-            plan = _plan(spec, recipe, python, host.environ, host.rocm_root)
+            plan = _plan(spec, recipe, source, python=python, environ=host.environ, rocm_root=host.rocm_root)
             result.plan = plan
             status(f"{spec.name}: building {', '.join(plan.built_ops)} for {', '.join(plan.archs)}")
             result.outcome = "build-failed"
@@ -186,7 +186,8 @@ def rehearse(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python:
         return result
 
 
-def _plan(spec: RehearsalSpec, recipe: Recipe, python: Path, environ: dict[str, str], rocm_root: Path) -> BuildPlan:
+def _plan(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python: Path, environ: dict[str, str],
+          rocm_root: Path) -> BuildPlan:
     environment = detect(environ=environ, python=python)
     toolchain = probe_toolchain(environ, rocm_root, environment.python.include_dir)
     # The fake host has no ccache: its masquerade links would put a real cache in front of the stand-ins.
@@ -194,7 +195,8 @@ def _plan(spec: RehearsalSpec, recipe: Recipe, python: Path, environ: dict[str, 
     patches = [PatchRef(p.name, p.sha256) for p in series_for_recipe(recipe).patches] if spec.patches else []
     archs = parse_arch_option(spec.archs) if spec.archs is not None else None
     plan = make_plan(environment, recipe, toolchain, patches,
-                     PlanOptions(source="pypi", archs=archs, patches=spec.patches))
+                     PlanOptions(source=source.kind, archs=archs, patches=spec.patches,
+                                 source_pin=source_pin(recipe, source)))
     if spec.all_ops:  # what the upstream docs suggest: every op DeepSpeed thinks it can build
         env = {k: v for k, v in plan.env.items() if not k.startswith("DS_BUILD_")}
         plan = dataclasses.replace(plan, env={**env, "DS_BUILD_OPS": "1"})
@@ -232,7 +234,7 @@ def violations(result: RehearsalResult) -> list[str]:
     problems: list[str] = []
     built = set(result.ops)
     installed = {name for name, on in result.installed_ops.items() if on}
-    if built != set(plan.built_ops):
+    if built != set(plan.built_ops) and not result.spec.all_ops:  # DS_BUILD_OPS=1: DeepSpeed chooses
         problems.append(f"ops compiled {sorted(built)} != planned {sorted(plan.built_ops)}")
     if installed != built:
         problems.append(f"DeepSpeed recorded installed_ops {sorted(installed)} != compiled {sorted(built)}")
@@ -263,7 +265,8 @@ def violations(result: RehearsalResult) -> list[str]:
 
 
 def deepspeed_chose_standard(record: Record) -> bool:
-    """Whether the -std on this line is DeepSpeed's own choice, not torch's default: every host compile
-    (its cxx_args()), and hipcc lines built from CUDAOpBuilder.nvcc_args() (the only source of
-    `-U__HIP_NO_HALF_OPERATORS__`). fused_adam/lamb/lion pass hipcc no -std: torch adds its default."""
-    return not record.is_hip or "-U__HIP_NO_HALF_OPERATORS__" in record.argv
+    """Whether the -std on this line is DeepSpeed's own choice, not torch's default. torch's
+    cpp_extension appends its `-std=` to the very end of the flags, and only when none is there; DeepSpeed's
+    flags come earlier (torch's own `-DTORCH_EXTENSION_NAME=` defines follow them). So: a -std that is not
+    the last argument. fused_adam/lamb/lion (hipcc), utils and pin_memory pass none and get torch's."""
+    return bool(record.std) and not record.argv[-1].startswith("-std=")

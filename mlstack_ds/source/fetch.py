@@ -23,7 +23,7 @@ from mlstack_ds.source.archive import extract_archive, is_archive_name
 from mlstack_ds.source.cache import Cache, publish, sha256_of
 from mlstack_ds.source.git import clone_pinned_tag, git_cache_entry, repo_head
 from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH, git, import_tree, is_git_worktree
-from mlstack_ds.source.local import check_deepspeed_tree, copy_plain_tree, has_commit
+from mlstack_ds.source.local import check_deepspeed_tree, copy_plain_tree, has_commit, tree_digest
 from mlstack_ds.source.pypi import pip_download_sdist
 from mlstack_ds.source.url import ProgressCallback, download, filename_from_url
 
@@ -125,6 +125,25 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
     _materialize(repo, commit, dest)
     return SourceTree(path=dest, commit=commit, kind=spec.kind, origin=origin, sha256=sha256,
                       from_cache=from_cache)
+
+
+def source_pin(recipe: Recipe, spec: SourceSpec) -> str:
+    """What the build will really use, for the plan and the wheel-cache key: the commit (`git`, a git
+    checkout; `--git-commit` when given), the sha256 of the archive (PyPI's pinned sdist, or `--sha256`
+    for a URL or a local archive), or `tree:<digest>` of a plain local directory (edits change it)."""
+    if spec.kind == "git":
+        return spec.git_commit or recipe.git.commit
+    if spec.kind == "pypi":
+        return recipe.sdist.sha256
+    if spec.kind == "url":
+        return spec.sha256 or recipe.sdist.sha256
+    path = check_local_source(spec)
+    assert path is not None
+    if path.is_file():
+        return spec.sha256 or recipe.sdist.sha256
+    if is_git_worktree(path):
+        return recipe.git.commit
+    return "tree:" + tree_digest(path)
 
 
 def check_local_source(spec: SourceSpec) -> Path | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlstack_ds.errors import FetchError, ToolMissing
+from mlstack_ds.errors import FetchError, ToolMissing, ToolTimedOut
+from mlstack_ds.runner import run
 from mlstack_ds.source.cache import Cache, publish, short_key
 from mlstack_ds.source.gitrepo import git, git_env
 
@@ -29,7 +30,14 @@ def git_cache_entry(cache: Cache, url: str, tag: str, commit: str) -> Path:
     return cache.repo_path(f"git-{short_key(normalize_git_url(url))}-{tag}-{commit[:12]}")
 
 
-def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str) -> Path:
+# The clone is the one network git call. It runs through the runner (own process group, killed on
+# time-out or Ctrl-C/SIGTERM: gitpython's clone_from waits with no time-out), with git's own stall
+# detection, so a dead connection fails in a minute while a slow but moving clone goes on.
+CLONE_TIMEOUT_S = 1800.0
+STALL_SETTINGS = ("http.lowSpeedLimit=1000", "http.lowSpeedTime=60")
+
+
+def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str, timeout: float = CLONE_TIMEOUT_S) -> Path:
     """Return a cached clone whose HEAD is `commit`, cloning `tag` from `url` on a miss."""
     entry = git_cache_entry(cache, url, tag, commit)
     url = normalize_git_url(url)
@@ -44,20 +52,18 @@ def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str) -> Path:
                           ) from exc
     with cache.staging_dir("clone") as staging:
         clone = staging / "repo"
+        # User git config is kept for the network step (proxies, insteadOf mirrors).
+        argv = ["git", *(a for setting in STALL_SETTINGS for a in ("-c", setting)), "clone", "--quiet", "--depth",
+                "1", "--branch", tag, "--no-tags", "--", url, str(clone)]
+        hint = "check the URL and your network, or use --source pypi / a tarball URL / a local path"
         try:
-            # User git config is kept for the network step (proxies, insteadOf mirrors).
-            env = git_env(isolated=False)
-            repo = gitpython.Repo.clone_from(
-                url, clone, depth=1, branch=tag, env=env,
-                multi_options=["--no-tags"],
-            )
-        except gitpython.GitCommandError as exc:
-            raise FetchError(
-                f"git clone of {tag} from {url} failed: {_git_failure(str(exc.stderr or exc))}",
-                hint="check the URL and your network, or use --source pypi / a tarball URL / a local path",
-            ) from exc
-        found = repo.head.commit.hexsha
-        repo.close()
+            result = run(argv, cwd=staging, env=git_env(isolated=False), timeout=timeout)
+        except ToolTimedOut as exc:
+            raise FetchError(f"git clone of {tag} from {url} did not finish within {timeout:g} s", hint=hint) from exc
+        if not result.ok:
+            raise FetchError(f"git clone of {tag} from {url} failed: {_git_failure(result.stderr)}", hint=hint)
+        with gitpython.Repo(clone) as repo:
+            found = repo.head.commit.hexsha
         if found != commit:
             raise FetchError(
                 f"tag moved: {tag} at {url} is commit {found}, but the pin is {commit}",

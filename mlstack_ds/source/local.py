@@ -6,6 +6,8 @@ a checkout must contain the pinned commit, an extracted tree must say it is that
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -42,3 +44,29 @@ def copy_plain_tree(source: Path, target: Path) -> None:
         shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns(".git"))
     except (OSError, shutil.Error) as exc:
         raise FetchError(f"cannot copy {source}: {exc}", hint="check permissions and free space") from exc
+
+
+def tree_digest(root: Path) -> str:
+    """A content hash of a plain source tree, for the plan and the wheel-cache key: every path (sorted),
+    whether it is executable, and each file's bytes or link's target; `.git` left out, as the import
+    leaves it out. An edited tree gets a new digest, so it never reuses the wheel of the old one."""
+    digest = hashlib.sha256()
+    try:
+        for directory, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != ".git" and not os.path.islink(os.path.join(directory, d)))
+            links = [d for d in os.listdir(directory) if os.path.islink(os.path.join(directory, d))]
+            for name in sorted(set(files) | set(links)):
+                path = os.path.join(directory, name)
+                relative = os.path.relpath(path, root)
+                if os.path.islink(path):
+                    digest.update(f"L {relative}\0{os.readlink(path)}\0".encode())
+                    continue
+                executable = os.access(path, os.X_OK)
+                digest.update(f"F {relative} {int(executable)}\0".encode())
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+                digest.update(b"\0")
+    except OSError as exc:
+        raise FetchError(f"cannot read {root}: {exc.strerror or exc}", hint="check permissions") from exc
+    return digest.hexdigest()

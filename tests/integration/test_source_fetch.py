@@ -6,9 +6,11 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ import pytest
 from mlstack_ds.errors import ExitCode, FetchError, UsageError
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
+from mlstack_ds.source.cache import Cache
+from mlstack_ds.source.git import clone_pinned_tag
 from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH
 
 PINNED_UPSTREAM_COMMIT = "cf44300453eb0af79ed84ed8f1cb49d57478bd76"
@@ -95,6 +99,32 @@ def test_unreachable_git_url_fails_cleanly(tmp_path: Path) -> None:
         fetch_source(find_recipe(), spec, cache, dest)
     assert "fatal:" in info.value.message and "stderr:" not in info.value.message  # git's own words
     nothing_left(cache, dest)
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_a_git_server_that_never_answers_is_stopped_and_killed(tmp_path: Path) -> None:
+    """The clone runs under the runner: a time-out, then git's whole process group is killed."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # accepts connections (the kernel does) and never says a word
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/DeepSpeed.git"
+    cache = tmp_path / "cache"
+    started = time.monotonic()
+    try:
+        with pytest.raises(FetchError, match=r"did not finish within 3 s"):
+            clone_pinned_tag(Cache.open(cache), url, "v0.19.5", PINNED_UPSTREAM_COMMIT, timeout=3)
+    finally:
+        server.close()
+    assert time.monotonic() - started < 30
+    leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and url.encode() in _cmdline(p)]
+    assert leftover == [], "a git process was left running"
+    assert list((cache / "tmp").iterdir()) == []
 
 
 # --- pypi ------------------------------------------------------------------------------------------

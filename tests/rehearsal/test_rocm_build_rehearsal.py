@@ -120,9 +120,10 @@ def test_targets_and_wavefront_per_machine(rehearsals, row, archs, wave, source)
                                           ("mi210x4-rocm6.4-torch2.12", "c++20"),
                                           ("mi300x-build-host-rocm7.0-torch2.14", "c++20")])
 def test_deepspeed_gives_every_compile_the_standard_of_its_torch(rehearsals, row, std):
-    """Host compiles and hipcc lines from nvcc_args() follow torch (patch 0015); where DeepSpeed gives
-    hipcc no -std (fused_adam/lamb/lion), torch's cpp_extension adds its default (C++20 in the installed
-    2.13's code, whatever release the row reports), which every release's headers accept."""
+    """Where DeepSpeed chooses the standard (CUDAOpBuilder's cxx_args() and nvcc_args()) it follows torch
+    (patch 0015); where it gives none (fused_adam/lamb/lion on hipcc, utils, pin_memory), torch's
+    cpp_extension adds its default: C++20 in the installed 2.13's code, whatever release the row reports,
+    which every release's headers accept."""
     records = [r for op in rehearsals[row].ops.values() for r in op.compiles]
     chosen = [r for r in records if deepspeed_chose_standard(r)]
     assert any(r.is_hip for r in chosen) and any(not r.is_hip for r in chosen)
