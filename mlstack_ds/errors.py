@@ -23,19 +23,31 @@ class ExitCode(IntEnum):
     INSTALL = 7
     VERIFY = 8
     INTERRUPTED = 130
+    PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as other Unix tools)
 
 
 class MlstackError(Exception):
-    """An expected failure: what went wrong, what to do about it, and the exit code."""
+    """An expected failure: what went wrong, what to do about it, and the exit code.
+
+    `details` is data a `--json` caller gets with the error (e.g. the checks an interrupted verify
+    finished); plain output shows only the message and the hint.
+    """
 
     exit_code: ExitCode = ExitCode.BUG
 
-    def __init__(self, message: str, hint: str = "", exit_code: ExitCode | None = None) -> None:
+    def __init__(self, message: str, hint: str = "", exit_code: ExitCode | None = None,
+                 details: dict[str, object] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.details = details or {}
         if exit_code is not None:
             self.exit_code = exit_code
+
+    def to_json(self) -> dict[str, object]:
+        """The one JSON document a `--json` run prints on stdout when it fails."""
+        return {"error": {"message": self.message, "hint": self.hint, "exit_code": int(self.exit_code),
+                          **self.details}}
 
 
 class UsageError(MlstackError):

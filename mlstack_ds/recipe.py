@@ -20,6 +20,7 @@ from packaging.version import InvalidVersion, Version
 from mlstack_ds import tomlcompat
 from mlstack_ds.errors import UsageError
 from mlstack_ds.resources import data_dir
+from mlstack_ds.textfile import read_text
 
 SCHEMA_VERSION = 1
 DEFAULT_RECIPE = "deepspeed-0.19.5"
@@ -74,11 +75,8 @@ def recipes_dir() -> Path:
 
 def load_recipe(path: Path) -> Recipe:
     """Read and validate one recipe file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecipeError(f"cannot read recipe {path}: {exc.strerror or exc}",
-                          hint="check the path, or run `mlstack-ds recipes list`") from exc
+    text = read_text(path, error=RecipeError, what="recipe",
+                     hint="check the path, or run `mlstack-ds recipes list`")
     try:
         data = tomlcompat.loads(text)
     except tomlcompat.TOMLDecodeError as exc:

@@ -144,9 +144,15 @@ def run_in_background(
 
 def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: Mapping[str, str] | None,
            cwd: Path | None, line_buffered: bool = False) -> subprocess.Popen[str]:
-    """Popen in a new session (so the whole group can be killed); start failures become ToolErrors."""
+    """Popen in a new session (so the whole group can be killed); start failures become ToolErrors.
+
+    Ctrl-C (or SIGTERM) can land between the fork and Popen's return, while it waits for the exec:
+    the child then runs but no Popen object reaches the caller to kill it. The object is therefore
+    made first and initialised here, so such a half-started child's group is killed too.
+    """
+    proc: subprocess.Popen[str] = subprocess.Popen.__new__(subprocess.Popen)
     try:
-        return subprocess.Popen(
+        proc.__init__(  # type: ignore[misc]
             args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
             cwd=cwd, text=True, errors="replace", start_new_session=True, bufsize=1 if line_buffered else -1,
         )
@@ -154,6 +160,16 @@ def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: 
         raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
     except OSError as exc:
         raise ToolError(f"{args[0]}: cannot start ({exc.strerror or exc})") from exc
+    except BaseException:
+        pid = getattr(proc, "pid", None)
+        if pid:
+            for kill in (os.killpg, os.kill):  # its group, and itself if it has not made the group yet
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        raise
+    return proc
 
 
 def _timed_out(args: tuple[str, ...], timeout: float) -> ToolTimedOut:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,13 +27,9 @@ PYTHON_HELP = "Interpreter (or venv directory) that gets DeepSpeed. Default: the
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops a build like Ctrl-C does: the compiler's process group is killed, nothing installed."""
-
-    def handler(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
+def build_interrupt_says_nothing_changed() -> Iterator[None]:
+    """Ctrl-C or SIGTERM (turned into KeyboardInterrupt for every command by cli/app.py) during a build:
+    the compiler's process group is already killed; say that nothing was installed."""
     try:
         yield
     except KeyboardInterrupt as exc:
@@ -42,8 +37,6 @@ def sigterm_as_interrupt() -> Iterator[None]:
             "interrupted: the build was stopped before anything was installed",
             hint="the environment is as it was; run the same install again to resume (downloads are cached)",
         ) from exc
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def register(app: typer.Typer) -> None:
@@ -88,7 +81,7 @@ def register(app: typer.Typer) -> None:
             return
         if not json_output:
             render_plan(plan, output, output.err)  # here it is progress information
-        with sigterm_as_interrupt(), _build_progress(output) as progress:
+        with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
             outcome = run_install(prepared, request, output, progress)
         report = outcome.verify
         if json_output:
@@ -154,7 +147,7 @@ def register(app: typer.Typer) -> None:
             return
         if not json_output:
             render_plan(plan, output, output.err)
-        with sigterm_as_interrupt(), _build_progress(output) as progress:
+        with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
             outcome = run_build(prepared, request, output, progress, wheel_dir=wheel_dir)
         built = outcome.built
         if json_output:

@@ -17,6 +17,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from mlstack_ds.errors import PatchError
+from mlstack_ds.textfile import read_text
 
 SERIES_FILE = "series"
 PATCH_NAME = re.compile(r"^(?P<number>\d{4})-[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
@@ -53,11 +54,8 @@ class Series:
 
 def read_series_names(series_file: Path) -> list[str]:
     """The patch names listed in `series_file`, in order (comments and blank lines dropped)."""
-    try:
-        lines = series_file.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PatchError(f"cannot read patch series {series_file}: {exc.strerror or exc}",
-                         hint="check the recipe's [patches] series path or --series") from exc
+    lines = read_text(series_file, error=PatchError, what="patch series",
+                      hint="check the recipe's [patches] series path or --series").splitlines()
     names = []
     for line in lines:
         entry = line.split("#", 1)[0].strip()

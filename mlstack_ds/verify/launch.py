@@ -27,6 +27,7 @@ from typing import Any
 
 from mlstack_ds import runner
 from mlstack_ds.errors import ToolError, ToolTimedOut, UsageError
+from mlstack_ds.textfile import read_text
 
 RUN_ID_ENV = "MLSTACK_VERIFY_RUN_ID"
 WORKER = Path(__file__).with_name("worker.py")
@@ -66,11 +67,8 @@ class HostEntry:
 
 def parse_hostfile(path: Path) -> list[HostEntry]:
     """DeepSpeed's hostfile format: `hostname slots=N` per line, `#` comments."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--hostfile {path}: cannot read it ({exc.strerror or exc})",
-                         hint="pass a DeepSpeed hostfile: one `hostname slots=N` line per node") from exc
+    text = read_text(path, error=UsageError, what="--hostfile",
+                     hint="pass a DeepSpeed hostfile: one `hostname slots=N` line per node")
     entries = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()

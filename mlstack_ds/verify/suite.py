@@ -13,12 +13,12 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import EnvironmentProblem, ToolError, UsageError
+from mlstack_ds.errors import EnvironmentProblem, Interrupted, ToolError, UsageError
 from mlstack_ds.verify import launch
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
@@ -103,8 +103,15 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
             results += [CheckResult(s.name, "fail", reason, 0.0) for s in group]
             continue
         status(f"launching {len(group)} check(s) on {world_size} rank(s): {', '.join(s.name for s in group)}")
-        group_results, record = _run_group(python, group, world_size, hosts=hosts, options=options,
-                                           timeout_s=remaining)
+        try:
+            group_results, record = _run_group(python, group, world_size, hosts=hosts, options=options,
+                                               timeout_s=remaining)
+        except _InterruptedGroup as stopped:
+            done = results + stopped.finished
+            raise Interrupted(
+                f"interrupted: verify stopped after {len(done)} finished check(s); every launched process "
+                "was killed", hint="run it again (or --only the checks you need)",
+                details={"checks": [asdict(r) for r in done]}) from None
         results += group_results
         launches.append(record)
     return VerifyReport(str(python), world_size, tuple(results), tuple(launches), time.monotonic() - started)
@@ -124,7 +131,13 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
         else:
             argv = launch.torchrun_argv(python, world_size, port, args)
         env = {**os.environ, **(options.extra_env or {})}
-        outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env)
+        try:
+            outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
+            logs = launch.read_rank_logs(out_dir, world_size)
+            finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
+                        for name in names if all(name in log.results for log in logs.values())]
+            raise _InterruptedGroup(finished) from None
         logs = launch.read_rank_logs(out_dir, world_size)
     results = []
     for name in names:
@@ -135,6 +148,14 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
     record = LaunchRecord(tuple(argv), tuple(names), outcome.returncode, round(outcome.duration_s, 3),
                           outcome.timed_out, outcome.log_tail if _any_failed(results) else "")
     return results, record
+
+
+class _InterruptedGroup(Exception):
+    """A launch stopped by Ctrl-C/SIGTERM, carrying the checks every rank had finished."""
+
+    def __init__(self, finished: list[CheckResult]) -> None:
+        super().__init__("interrupted")
+        self.finished = finished
 
 
 def _any_failed(results: Sequence[CheckResult]) -> bool:

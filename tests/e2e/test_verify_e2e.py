@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -188,3 +189,34 @@ def test_a_receipt_that_does_not_match_fails_naming_what_differs(target_venv, tm
     assert "fused_lamb: unknown to this DeepSpeed/accelerator" in ops_reason  # a GPU op, on CPU
     # the receipt claims the amd_specific patch, and this (patched) DeepSpeed has it: that part agrees
     assert checks["amd_specific"].status == "pass", checks["amd_specific"]
+
+
+def test_sigterm_stops_verify_kills_every_rank_and_reports_what_finished(target_venv, tmp_path: Path) -> None:
+    """SIGTERM acts as Ctrl-C: the launcher and both ranks are killed, the temporary directory goes, the
+    exit code is 130, and --json still prints one document with the checks that had finished."""
+    token = uuid.uuid4().hex
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env = {**os.environ, "MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:zero1", "MLSTACK_E2E_MARKER": token,
+           "TMPDIR": str(private_tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "verify", "--python", str(target_venv.python),
+                             "--json", "--only", "environment,zero1", "--timeout", "300"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # until rank 0 has started zero1 (rank 1 hangs in it)
+        logs = list(private_tmp.glob("mlstack-verify-*/rank0.jsonl"))
+        if logs and '"check": "zero1"' in logs[0].read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("zero1 never started")
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    document = json.loads(stdout)["error"]
+    assert document["exit_code"] == 130 and document["message"].startswith("interrupted")
+    assert [c["name"] for c in document["checks"]] == ["environment"]
+    assert document["checks"][0]["status"] == "pass"
+    assert leftover_processes(f"MLSTACK_E2E_MARKER={token}") == []
+    assert list(private_tmp.glob("mlstack-verify-*")) == []

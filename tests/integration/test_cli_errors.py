@@ -55,25 +55,80 @@ def test_bare_group_shows_its_help() -> None:
     assert "apply" in result.stdout + result.stderr and "Traceback" not in result.stderr
 
 
-def test_ctrl_c_stops_a_command_at_once_and_kills_its_probe(tmp_path: Path) -> None:
-    """A probe that hangs (a torch import stuck on a broken driver) must not outlive Ctrl-C."""
+@pytest.mark.parametrize("command", ["doctor", "detect"])
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_a_command_at_once_and_kills_its_probe(tmp_path: Path, command: str, stop: int) -> None:
+    """A probe that hangs (a torch import stuck on a broken driver) must not outlive Ctrl-C or SIGTERM,
+    even when the signal lands while the probe is being started (it used to leak then: the child ran,
+    but Popen never returned it to be killed)."""
     pid_file = tmp_path / "probe.pid"
     hanging_python = tmp_path / "python"
     hanging_python.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
     hanging_python.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "doctor", "--python", str(hanging_python)],
+    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", command, "--python", str(hanging_python)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     probe_pid = int(pid_file.read_text())
     interrupted_at = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     _, stderr = proc.communicate(timeout=60)
     assert time.monotonic() - interrupted_at < 20  # not the probe's 60-120 s time-out
     assert proc.returncode == 130
-    assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
+    error, hint = stderr.strip().splitlines()[-2:]
+    assert error == "error: interrupted" and hint.startswith("hint: ") and "Traceback" not in stderr
     assert not Path(f"/proc/{probe_pid}").exists(), "the hanging probe was left running"
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(hanging_python).encode()
+                in _cmdline(p)], "a hanging probe was left running"
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_json_failure_prints_one_error_document_on_stdout() -> None:
+    result = cli("install", "--jobs", "0", "--json")
+    assert result.returncode == 2
+    assert json.loads(result.stdout) == {"error": {"message": "--jobs 0: must be at least 1", "hint": "e.g. --jobs 4",
+                                                   "exit_code": 2}}
+    usage = cli("verify", "--world-size", "x", "--json")
+    assert usage.returncode == 2 and json.loads(usage.stdout)["error"]["exit_code"] == 2
+
+
+def test_a_closed_pipe_is_not_a_bug() -> None:
+    """`mlstack-ds --help | true`: the reader went away; exit 141 quietly, as Unix tools do."""
+    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and b"Traceback" not in stderr
+
+
+def test_a_full_device_is_an_environment_error() -> None:
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "mlstack_ds", "recipes", "list", "--json"], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    assert result.returncode == 3
+    assert result.stderr.splitlines()[0] == "error: cannot write the output: No space left on device"
+
+
+@pytest.mark.parametrize(("args", "code", "what"), [
+    (["verify", "--hostfile", "{bin}"], 2, "--hostfile"),
+    (["recipes", "show", "{bin}"], 2, "recipe"),
+    (["patches", "list", "--series", "{bin}"], 5, "patch series"),
+])
+def test_a_binary_file_is_named_not_a_traceback(tmp_path: Path, args: list[str], code: int, what: str) -> None:
+    binary = tmp_path / "binary"
+    binary.write_bytes(bytes(range(128, 256)))
+    result = cli(*[a.format(bin=binary) for a in args])
+    assert result.returncode == code, result.stderr
+    error, hint = result.stderr.strip().splitlines()[-2:]
+    assert error == f"error: {what} {binary} is not a UTF-8 text file (byte 0 is 0x80)" and hint.startswith("hint:")
 
 
 def test_dry_run_refuses_a_local_source_the_real_install_would_refuse(tmp_path: Path) -> None:

@@ -75,7 +75,10 @@ def hip_compiles(result: RehearsalResult) -> list:
     return [r for op in result.ops.values() for r in op.compiles if r.is_hip]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+PLANNED_ROWS = [r for r in ROWS if not r.all_ops]
+
+
+@pytest.mark.parametrize("row", PLANNED_ROWS, ids=[r.name for r in PLANNED_ROWS])
 def test_matrix_row_builds_exactly_the_plan(rehearsals, row: Row):
     result = rehearsals[row.name]
     assert result.outcome == "built", f"{result.error}\n{result.log_tail}"
@@ -175,6 +178,7 @@ def test_pristine_all_ops_attempts_a_cuda_only_op(rehearsals):
 def test_all_ops_with_series_builds_only_what_rocm_can(rehearsals):
     result = rehearsals["rx7900xtx-all-ops-rocm6.4-torch2.13"]
     assert result.outcome == "built", result.log_tail
+    assert violations(result) == []
     assert not set(result.ops) & NOT_FOR_ROCM
     assert {"fused_adam", "cpu_adam", "quantizer", "transformer"} <= set(result.ops)
 
