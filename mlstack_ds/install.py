@@ -9,6 +9,7 @@ The environment is only touched here, after the wheel exists.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import signal
 import tempfile
@@ -25,8 +26,19 @@ from mlstack_ds import __version__
 from mlstack_ds.build import BuiltWheel
 from mlstack_ds.deepspeed_build import read_deepspeed_build
 from mlstack_ds.errors import InstallError, Interrupted, ToolError, UsageError
+from mlstack_ds.integrity import RECORD_LOCATOR, FileCheck, check_files
 from mlstack_ds.plan import BuildPlan
-from mlstack_ds.receipt import PreviousInstall, Receipt, read_receipt, remove_receipt, write_receipt
+from mlstack_ds.receipt import (
+    PreviousInstall,
+    Receipt,
+    ReceiptError,
+    kept_dir,
+    read_receipt,
+    receipt_path,
+    remove_receipt,
+    write_receipt,
+)
+from mlstack_ds.repack import RepackError, repack_installed
 from mlstack_ds.runner import run
 
 # Never installed or upgraded as a side effect: the user's accelerator stack.
@@ -36,7 +48,8 @@ PIP_TIMEOUT_S = 1800.0
 INSTALLED_PROBE = r"""
 import importlib.util, json, sys
 from importlib import metadata
-out = {"prefix": sys.prefix, "deepspeed": None, "deepspeed_version": None, "torch": None}
+""" + RECORD_LOCATOR + r"""
+out = {"prefix": sys.prefix, "deepspeed": None, "deepspeed_version": None, "torch": None, "record": None}
 for name, key in (("torch", "torch"), ("deepspeed", "deepspeed_version")):
     try:
         out[key] = metadata.version(name)
@@ -45,6 +58,7 @@ for name, key in (("torch", "torch"), ("deepspeed", "deepspeed_version")):
 spec = importlib.util.find_spec("deepspeed")
 if spec is not None and spec.submodule_search_locations:
     out["deepspeed"] = list(spec.submodule_search_locations)[0]
+    out["record"] = _mlstack_record("deepspeed")
 print("MLSTACK_INSTALLED:" + json.dumps(out))
 """
 
@@ -56,6 +70,48 @@ class InstalledState:
     deepspeed_location: str | None
     prebuilt_ops: tuple[str, ...]
     torch_version: str | None
+    record: str | None = None  # the installed DeepSpeed's *.dist-info/RECORD (what pip installed)
+
+
+@dataclass(frozen=True)
+class Health:
+    """Whether the environment still holds what a receipt describes; if not, why (one line each)."""
+
+    problems: tuple[str, ...]
+    files: FileCheck | None = None
+
+    @property
+    def intact(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"intact": self.intact, "problems": list(self.problems),
+                "files": self.files.to_dict() if self.files else None}
+
+
+def check_health(receipt: Receipt, state: InstalledState) -> Health:
+    """The one judgement `status`, `install` and `doctor` share: version, ops and torch as recorded, and
+    every installed file as pip's RECORD lists it (a deleted op library changes neither version nor
+    DeepSpeed's build record)."""
+    if state.deepspeed_version is None:
+        return Health((f"DeepSpeed {receipt.deepspeed_version} (the receipt's) is not installed any more: "
+                       "removed with pip?",))
+    problems = []
+    if state.deepspeed_version != receipt.deepspeed_version:
+        problems.append(f"DeepSpeed {state.deepspeed_version} is installed, the receipt says "
+                        f"{receipt.deepspeed_version}: it was replaced by something else")
+    if set(state.prebuilt_ops) != set(receipt.ops):
+        problems.append(f"prebuilt ops are {', '.join(sorted(state.prebuilt_ops)) or 'none'}; the receipt says "
+                        f"{', '.join(sorted(receipt.ops)) or 'none'}")
+    if state.torch_version != receipt.torch_version:
+        problems.append(f"torch is {state.torch_version or 'not installed'}; DeepSpeed's ops were built for "
+                        f"torch {receipt.torch_version}")
+    files = check_files(state.record) if state.record else None
+    if files is None:
+        problems.append("the installed DeepSpeed has no RECORD: it is not the wheel mlstack-ds installed")
+    elif not files.ok:
+        problems.append(f"installed files changed: {files.summary()}")
+    return Health(tuple(problems), files)
 
 
 def probe_installed(python: str) -> InstalledState:
@@ -76,6 +132,7 @@ def probe_installed(python: str) -> InstalledState:
         deepspeed_location=location,
         prebuilt_ops=tuple(build.prebuilt_ops) if build else (),
         torch_version=data.get("torch"),
+        record=data.get("record") if location else None,
     )
 
 
@@ -134,12 +191,30 @@ def install_wheel(
     plan: BuildPlan,
     built: BuiltWheel,
     prefix: str,
+    *,
     status: Callable[[str], None] = lambda _msg: None,
+    warn: Callable[[str], None] = lambda _msg: None,
+    replace_bad_receipt: bool = False,
 ) -> Receipt:
-    """Install `built` into the plan's interpreter and write the receipt. Torch is left untouched."""
+    """Install `built` into the plan's interpreter and write the receipt. Torch is left untouched.
+    A DeepSpeed we did not install is packed into a wheel first, so `rollback` can put it back.
+    `replace_bad_receipt` (--force): an unusable receipt is replaced instead of stopping the install."""
     python = plan.target_python
     before = probe_installed(python)
-    old_receipt = read_receipt(prefix)
+    try:
+        old_receipt = read_receipt(prefix)
+    except ReceiptError as exc:
+        if not replace_bad_receipt:
+            raise
+        warn(f"{exc.message}; it will be replaced")
+        old_receipt = None
+    ours = old_receipt is not None and old_receipt.deepspeed_version == before.deepspeed_version
+    if before.deepspeed_version is not None and not ours:
+        note = (f" (the receipt describes DeepSpeed {old_receipt.deepspeed_version})" if old_receipt
+                else " (no usable receipt)" if receipt_path(prefix).exists() else "")
+        previous = _keep_foreign(before, prefix, note, warn)
+    else:
+        previous = _previous(before, old_receipt, plan.cache_key)
     requirements = wheel_requirements(built.wheel)
     with tempfile.TemporaryDirectory(prefix="mlstack-ds-") as tmp:
         constraints = Path(tmp) / "constraints.txt"
@@ -150,14 +225,19 @@ def install_wheel(
                  what="installing DeepSpeed's requirements")
     status(f"installing {built.wheel.name}")
     with signals_deferred(f"DeepSpeed {plan.deepspeed_version} was installed and its receipt written"):
-        _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", str(built.wheel),
-             what="installing the DeepSpeed wheel")
-        receipt = _checked_receipt(plan, built, before, old_receipt)
+        try:
+            _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", str(built.wheel),
+                 what="installing the DeepSpeed wheel")
+        except InstallError:
+            _prune_kept(prefix, keep=old_receipt.previous.wheel if old_receipt else None)
+            raise
+        receipt = _checked_receipt(plan, built, before, previous)
         write_receipt(prefix, receipt)
+    _prune_kept(prefix, keep=receipt.previous.wheel)
     return receipt
 
 
-def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState, old_receipt: Receipt | None
+def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState, previous: PreviousInstall
                      ) -> Receipt:
     """Check what pip installed (torch untouched, the planned ops) and describe it."""
     python = plan.target_python
@@ -179,7 +259,7 @@ def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState,
         ops=list(plan.built_ops), flags=dict(plan.env), wheel=str(built.wheel), wheel_sha256=built.sha256,
         torch_version=after.torch_version or "", python=python, cache_key=plan.cache_key,
         installed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        previous=_previous(before, old_receipt, plan.cache_key), tool_version=__version__,
+        previous=previous, tool_version=__version__,
     )
     return receipt
 
@@ -194,6 +274,46 @@ def _previous(before: InstalledState, old: Receipt | None, cache_key: str) -> Pr
     return PreviousInstall(before.deepspeed_version)
 
 
+def _keep_foreign(before: InstalledState, prefix: str, note: str, warn: Callable[[str], None]) -> PreviousInstall:
+    """A DeepSpeed someone else installed is about to be replaced: say so, and keep an exact copy (its
+    installed files packed into a wheel in the environment) so `rollback` restores it offline."""
+    what = f"DeepSpeed {before.deepspeed_version} in {prefix} was not installed by mlstack-ds{note}"
+    if before.record is None:
+        warn(f"{what} and has no RECORD to copy it from; replacing it anyway: rollback cannot restore it "
+             f"(reinstall it yourself: pip install deepspeed=={before.deepspeed_version})")
+        return PreviousInstall(before.deepspeed_version)
+    found = check_files(before.record)
+    try:
+        wheel = repack_installed(before.record, prefix, kept_dir(prefix))
+    except RepackError as exc:
+        warn(f"{what}; cannot keep a copy of it ({exc}); replacing it anyway: rollback cannot restore it "
+             f"(reinstall it yourself: pip install deepspeed=={before.deepspeed_version})")
+        return PreviousInstall(before.deepspeed_version)
+    warn(f"{what}: replacing it; `mlstack-ds rollback` restores it from the copy kept in {wheel}"
+         + ("" if found.ok else f" (copied as found: {found.summary()})"))
+    return PreviousInstall(before.deepspeed_version, str(wheel), None, _sha256(wheel))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _prune_kept(prefix: str, keep: str | None) -> None:
+    """Remove kept copies no receipt refers to any more (the directory holds only what rollback needs)."""
+    directory = kept_dir(prefix)
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        if keep is None or path.resolve() != Path(keep).resolve():
+            path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        directory.rmdir()  # only when empty
+
+
 def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _msg: None) -> str:
     """Restore what was there before our last install; returns a one-line summary."""
     receipt = read_receipt(prefix)
@@ -205,6 +325,7 @@ def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _m
         with signals_deferred():
             _pip(python, "uninstall", "--yes", "deepspeed", what="uninstalling DeepSpeed")
         remove_receipt(prefix)
+        _prune_kept(prefix, keep=None)
         return "rolled back: DeepSpeed removed (there was none before)"
     if not previous.wheel or not Path(previous.wheel).is_file():
         raise InstallError(
@@ -212,22 +333,41 @@ def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _m
             "is no longer cached",
             hint=f"reinstall it yourself: pip install deepspeed=={previous.deepspeed_version}",
         )
+    if previous.wheel_sha256 and _sha256(Path(previous.wheel)) != previous.wheel_sha256:
+        raise InstallError(f"the kept copy of DeepSpeed {previous.deepspeed_version} ({previous.wheel}) was "
+                           "modified since it was made; not installing it",
+                           hint=f"reinstall it yourself: pip install deepspeed=={previous.deepspeed_version}")
     status(f"reinstalling {Path(previous.wheel).name}")
     with signals_deferred():
         _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", previous.wheel,
              what="reinstalling the previous DeepSpeed")
-    if previous.receipt:
-        write_receipt(prefix, Receipt.from_dict({**previous.receipt, "previous": None}))
-    else:
-        remove_receipt(prefix)
-    return f"rolled back to DeepSpeed {previous.deepspeed_version}"
+        if previous.receipt:
+            write_receipt(prefix, Receipt.from_dict({**previous.receipt, "previous": None}))
+        else:
+            remove_receipt(prefix)
+    _prune_kept(prefix, keep=None)
+    origin = "" if previous.receipt else " (the one mlstack-ds had replaced, from the copy it kept)"
+    return f"rolled back to DeepSpeed {previous.deepspeed_version}{origin}"
 
 
-def uninstall(python: str, prefix: str) -> str:
-    if read_receipt(prefix) is None:
-        raise InstallError(f"DeepSpeed in {prefix} was not installed by mlstack-ds (no receipt)",
-                           hint="remove it with pip if you mean to: pip uninstall deepspeed")
+def uninstall(python: str, prefix: str) -> tuple[str, str]:
+    """Remove the DeepSpeed our receipt describes; returns (action, summary). Like `pip uninstall` of
+    something not installed, nothing of ours to remove is not an error: ("skipped", why)."""
+    receipt = read_receipt(prefix)
+    state = probe_installed(python)
+    if receipt is None:
+        other = (f"; DeepSpeed {state.deepspeed_version} there was installed by something else "
+                 "(pip uninstall deepspeed removes it)" if state.deepspeed_version else "")
+        return "skipped", f"Skipping: nothing installed by mlstack-ds in {prefix}{other}"
+    if state.deepspeed_version != receipt.deepspeed_version:
+        with signals_deferred():
+            remove_receipt(prefix)
+            _prune_kept(prefix, keep=None)
+        now = (f"DeepSpeed {state.deepspeed_version} there now is not ours and was left alone"
+               if state.deepspeed_version else "DeepSpeed was already removed")
+        return "uninstalled", f"removed the receipt of DeepSpeed {receipt.deepspeed_version}: {now}"
     with signals_deferred():
         _pip(python, "uninstall", "--yes", "deepspeed", what="uninstalling DeepSpeed")
-    remove_receipt(prefix)
-    return "DeepSpeed uninstalled"
+        remove_receipt(prefix)
+        _prune_kept(prefix, keep=None)
+    return "uninstalled", "DeepSpeed uninstalled"

@@ -15,10 +15,10 @@ from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment, detect
 from mlstack_ds.errors import EnvironmentProblem, UsageError
-from mlstack_ds.install import InstalledState, install_wheel, probe_installed
+from mlstack_ds.install import InstalledState, check_health, install_wheel, probe_installed
 from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
-from mlstack_ds.receipt import Receipt, read_receipt
+from mlstack_ds.receipt import Receipt, ReceiptError, read_receipt
 from mlstack_ds.recipe import Recipe, find_recipe
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.fetch import SourceSpec, check_local_source, parse_source_spec, source_pin
@@ -95,13 +95,19 @@ def prepare(request: InstallRequest) -> Prepared:
 
 def healthy(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> bool:
     """Our receipt for this very plan, and the environment still holds what it describes."""
-    return (
-        receipt is not None
-        and receipt.cache_key == plan.cache_key
-        and state.deepspeed_version == receipt.deepspeed_version
-        and set(state.prebuilt_ops) == set(plan.built_ops)
-        and state.torch_version == receipt.torch_version
-    )
+    return not reinstall_reasons(plan, receipt, state)
+
+
+def reinstall_reasons(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> list[str]:
+    """Why `install` cannot leave the environment alone (empty: an identical, intact install). The damage
+    found by `check_health` (missing or modified files, DeepSpeed removed, torch changed) is reported."""
+    if receipt is None:
+        return ["no mlstack-ds install in this environment"]
+    if receipt.cache_key != plan.cache_key:
+        return ["the installed build is of another plan"]
+    if set(receipt.ops) != set(plan.built_ops):
+        return ["the installed ops are not the planned ones"]
+    return list(check_health(receipt, state).problems)
 
 
 def run_build(prepared: Prepared, request: InstallRequest, output: Output, progress: BuildProgress | None = None,
@@ -139,15 +145,25 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
         raise EnvironmentProblem(f"cannot tell the environment prefix of {plan.target_python}",
                                  hint="check that --python runs")
     cache = Cache.open(request.cache_dir)  # a bad --cache-dir is an error even when nothing needs building
-    receipt = read_receipt(prefix)
-    if not (request.force or request.rebuild) and healthy(plan, receipt, probe_installed(plan.target_python)):
+    forced = request.force or request.rebuild
+    try:
+        receipt = read_receipt(prefix)
+    except ReceiptError:
+        if not forced:  # its hint: --force replaces it
+            raise
+        receipt = None  # install_wheel warns about it and writes a new one
+    reasons = reinstall_reasons(plan, receipt, probe_installed(plan.target_python))
+    if not forced and not reasons:
         assert receipt is not None
         return InstallOutcome(plan, "up-to-date", receipt, None)
+    if receipt is not None and receipt.cache_key == plan.cache_key and reasons:
+        output.warn("the installed DeepSpeed is not what was installed: " + "; ".join(reasons) + "; reinstalling")
     built = build_wheel(plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
                         progress=progress, status=output.status)
     output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
                   + built.wheel.name)
-    new_receipt = install_wheel(plan, built, prefix, status=output.status)
+    new_receipt = install_wheel(plan, built, prefix, status=output.status, warn=output.warn,
+                                replace_bad_receipt=forced)
     report = None
     if request.verify:
         output.status("verifying the install (mlstack-ds verify)")

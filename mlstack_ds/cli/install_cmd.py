@@ -16,7 +16,7 @@ from mlstack_ds.build import BuildProgress
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, VerifyFailed
-from mlstack_ds.install import probe_installed, rollback, uninstall
+from mlstack_ds.install import check_health, probe_installed, rollback, uninstall
 from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_build, run_install
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
@@ -174,11 +174,12 @@ def register(app: typer.Typer) -> None:
         state = probe_installed(interpreter)
         prefix = state.prefix
         receipt = read_receipt(prefix)
-        intact = receipt is not None and state.deepspeed_version == receipt.deepspeed_version and set(
-            state.prebuilt_ops) == set(receipt.ops) and state.torch_version == receipt.torch_version
+        health = check_health(receipt, state) if receipt is not None else None
+        intact = health is not None and health.intact
         document = {"python": interpreter, "receipt_path": str(receipt_path(prefix)),
                     "receipt": receipt.to_dict() if receipt else None, "installed": state.__dict__,
-                    "intact": intact}
+                    "intact": intact, "problems": list(health.problems) if health else [],
+                    "files": health.files.to_dict() if health and health.files else None}
         if json_output:
             output.emit_json(document)
             return
@@ -194,7 +195,14 @@ def register(app: typer.Typer) -> None:
         table.add_row("patches", ", ".join(p["name"] for p in receipt.patches) or "none")
         table.add_row("previous", str(receipt.previous.deepspeed_version or "none"))
         table.add_row("state", "[green]intact[/]" if intact else "[red]changed since install[/]")
+        if health is not None and health.files is not None and health.files.ok:
+            table.add_row("files", f"{health.files.checked} match RECORD")
+        for problem in health.problems if health else ():
+            table.add_row("", f"[red]{escape(problem)}[/]")
         output.out.print(table)
+        if not intact:
+            output.warn("`mlstack-ds install --force` reinstalls what the receipt describes; "
+                        "`mlstack-ds rollback` restores the previous DeepSpeed")
 
     @app.command("rollback")
     def rollback_command(
@@ -212,11 +220,14 @@ def register(app: typer.Typer) -> None:
         python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
         json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     ) -> None:
-        """Remove the DeepSpeed that mlstack-ds installed (refuses one it did not install)."""
+        """Remove the DeepSpeed that mlstack-ds installed; one it did not install is skipped (exit 0), like pip."""
         output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        summary = uninstall(interpreter, probe_installed(interpreter).prefix)
-        _report_change(output, json_output, interpreter, "uninstalled", summary)
+        action, summary = uninstall(interpreter, probe_installed(interpreter).prefix)
+        if action == "skipped" and not json_output:  # like pip: a warning, exit 0
+            output.warn(escape(summary))
+            return
+        _report_change(output, json_output, interpreter, action, summary)
 
 
 def _report_change(output: Output, json_output: bool, interpreter: str, action: str, summary: str) -> None:

@@ -24,7 +24,9 @@ from mlstack_ds.deepspeed_build import DeepSpeedBuild, read_deepspeed_build
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
 from mlstack_ds.errors import ToolError
-from mlstack_ds.receipt import receipt_path
+from mlstack_ds.install import InstalledState, check_health
+from mlstack_ds.integrity import RECORD_LOCATOR, check_files
+from mlstack_ds.receipt import ReceiptError, read_receipt, receipt_path
 from mlstack_ds.runner import Background, run_in_background, which
 
 MARKER = "MLSTACK_FACTS_JSON:"
@@ -35,6 +37,7 @@ COMPILERS = ("c++", "g++", "clang++")
 FACTS_SCRIPT = r"""
 import json, sys, sysconfig
 from importlib import metadata
+""" + RECORD_LOCATOR + r"""
 names = set()
 for dist in metadata.distributions():
     try:
@@ -45,6 +48,7 @@ print("MLSTACK_FACTS_JSON:" + json.dumps({
     "include": sysconfig.get_paths().get("include"),
     "prefix": sys.prefix,
     "nvidia": sorted(n for n in names if n.startswith("nvidia-")),
+    "deepspeed_record": _mlstack_record("deepspeed"),
 }))
 """
 
@@ -55,6 +59,7 @@ class TargetPython:
     prefix: str | None
     nvidia_packages: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    deepspeed_record: str | None = None  # the installed DeepSpeed's *.dist-info/RECORD
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class SystemFacts:
     ds_build: DeepSpeedBuild | None = None
     receipt_path: str | None = None
     receipt_exists: bool = False
+    install_damage: tuple[str, ...] = ()  # why the install is not what was installed (install.check_health)
     kernel_cmdline: str | None = None
     iommu_enabled: bool | None = None  # None: unknown (no /sys/class/iommu)
     kfd_native_archs: tuple[str, ...] = ()  # GPU nodes' real targets per KFD, overrides ignored
@@ -135,11 +141,36 @@ def collect_facts(
         ds_build=ds_build,
         receipt_path=str(receipt) if receipt else None,
         receipt_exists=bool(receipt and receipt.is_file()),
+        install_damage=install_damage(env, target, ds_build),
         kernel_cmdline=_read_text(root / "proc" / "cmdline"),
         iommu_enabled=_iommu_enabled(root / "sys" / "class" / "iommu"),
         kfd_native_archs=kfd_native_archs(root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes"),
         warnings=tuple(warnings),
     )
+
+
+def install_damage(env: Environment, target: TargetPython, ds_build: DeepSpeedBuild | None) -> tuple[str, ...]:
+    """`install.check_health` on what detect and the facts probe saw (the same judgement as `status` and
+    `install`); with no receipt, only the installed files against their RECORD; an unusable receipt is
+    itself the damage."""
+    if not target.prefix:
+        return ()
+    try:
+        receipt = read_receipt(target.prefix)
+    except ReceiptError as exc:
+        return (exc.message,)
+    if receipt is None:
+        files = check_files(target.deepspeed_record) if env.deepspeed and target.deepspeed_record else None
+        return (f"installed files changed: {files.summary()}",) if files and not files.ok else ()
+    state = InstalledState(
+        prefix=target.prefix,
+        deepspeed_version=env.deepspeed.version if env.deepspeed else None,
+        deepspeed_location=env.deepspeed.location if env.deepspeed else None,
+        prebuilt_ops=tuple(ds_build.prebuilt_ops) if ds_build else (),
+        torch_version=env.torch.version if env.torch else None,
+        record=target.deepspeed_record,
+    )
+    return check_health(receipt, state).problems
 
 
 def start_target_probe(
@@ -165,6 +196,7 @@ def finish_target_probe(python: Path, pending: Background) -> TargetPython:
             include_dir=data.get("include") or None,
             prefix=data.get("prefix") or None,
             nvidia_packages=tuple(str(n) for n in data.get("nvidia") or ()),
+            deepspeed_record=data.get("deepspeed_record") or None,
         )
     except (ValueError, TypeError, AttributeError) as exc:
         return TargetPython(None, None, (), (f"facts probe: unreadable result ({exc})",))

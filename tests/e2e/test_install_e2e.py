@@ -165,14 +165,15 @@ def test_rollback_then_reinstall_from_cache(installed_target: Target) -> None:
     assert installed_target.status()["intact"] is True
 
 
-def test_uninstall_removes_ours_then_refuses(installed_target: Target) -> None:
+def test_uninstall_removes_ours_then_skips(installed_target: Target) -> None:
     result = installed_target.cli("uninstall", "--python", installed_target.python, "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     document = json.loads(result.stdout)
     assert document["action"] == "uninstalled" and document["installed"]["deepspeed_version"] is None
     assert installed_target.status()["receipt"] is None
     twice = installed_target.cli("uninstall", "--python", installed_target.python)
-    assert twice.returncode == 7 and "not installed by mlstack-ds" in twice.stderr
+    assert twice.returncode == 0, twice.stderr  # like `pip uninstall` of something not installed
+    assert "Skipping: nothing installed by mlstack-ds" in twice.stderr
     again = installed_target.install("--json", "--no-verify")  # later tests use the install
     assert again.returncode == 0 and installed_target.status()["intact"] is True
 

@@ -118,6 +118,9 @@ def test_deepspeed_build_record_and_receipt(tmp_path: Path) -> None:
     facts = collect_facts(env, environ={"PATH": ""}, root=fake_root(tmp_path))
     assert facts.target_prefix == str(venv)
     assert facts.receipt_exists
+    (damage,) = facts.install_damage  # "{}" is no receipt: the doctor says so (MLS-DS-006), never raises
+    assert damage.startswith(f"receipt {venv}/share/mlstack-ds/receipt.json is unusable: it is not a receipt "
+                             "this mlstack-ds can read: the receipt lacks accelerator")
     build = facts.ds_build
     assert build is not None
     assert build.version == "0.19.5"

@@ -106,6 +106,9 @@ TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
                                      healthy_facts(ds_build=ds_build(), receipt_exists=False)),
     "MLS-DS-004": lambda: make_input(make_env(deepspeed=ds("0.17.5")), healthy_facts(ds_build=ds_build())),
     "MLS-DS-005": lambda: make_input(make_env(deepspeed=ds("0.14.0")), healthy_facts(ds_build=ds_build())),
+    "MLS-DS-006": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(
+        ds_build=ds_build(), install_damage=("installed files changed: 1 missing (deepspeed/ops/adam/"
+                                             "cpu_adam_op.so) of the 1500 files listed in /r/RECORD",))),
     "MLS-SYS-001": lambda: make_input(facts=healthy_facts(shm_bytes=64 * 1024**2)),
     "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**2)),
     "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4")),
@@ -145,6 +148,7 @@ SILENT: dict[str, Callable[[], DoctorInput]] = {
     "MLS-DS-004": lambda: make_input(make_env(deepspeed=ds("0.17.6")), healthy_facts(ds_build=ds_build())),
     "MLS-DS-005": lambda: make_input(make_env(gpus_from(MI210X4), deepspeed=ds("0.14.0")),
                                      healthy_facts(ds_build=ds_build())),  # wave64
+    "MLS-DS-006": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
     "MLS-SYS-001": make_input,
     "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**3)),
     "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4"))),  # iommu=pt
@@ -189,6 +193,12 @@ def test_cuda_torch_finding_names_the_nvidia_wheels_and_removes_them() -> None:
     assert "nvidia-cublas-cu12" in finding.evidence
     assert "pip uninstall -y nvidia-cublas-cu12" in finding.fix
     assert any("download.pytorch.org/whl/rocm6.2" in step for step in finding.fix)
+
+
+def test_damaged_install_finding_names_the_files_and_reinstalls() -> None:
+    finding = findings_of(TRIGGERS["MLS-DS-006"]())["MLS-DS-006"]
+    assert finding.severity == "error" and "deepspeed/ops/adam/cpu_adam_op.so" in finding.evidence
+    assert finding.fix[0].startswith("mlstack-ds install --force")
 
 
 def test_igpu_fix_keeps_the_discrete_gpu_visible() -> None:

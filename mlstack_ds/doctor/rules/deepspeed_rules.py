@@ -69,6 +69,11 @@ def wave64_hardcoded(inp: DoctorInput) -> Hit | None:
                + ", ".join(f"{g.arch} is wave32" for g in wave32))
 
 
+def install_damaged(inp: DoctorInput) -> Hit | None:
+    damage = inp.facts.install_damage
+    return Hit("; ".join(damage)) if damage else None
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         id="MLS-DS-001", severity="warning", title="DeepSpeed has no prebuilt ops",
@@ -112,5 +117,15 @@ RULES: tuple[Rule, ...] = (
         source="F01 (deepspeedai/DeepSpeed#4552, fixed by PR #5402 in v0.14.3)",
         check=wave64_hardcoded,
         log_patterns=(re.compile(r"thread_block_tile_internal<64U"),),
+    ),
+    Rule(
+        id="MLS-DS-006", severity="error", title="The installed DeepSpeed is not what was installed",
+        symptom="Files pip installed are missing or modified (e.g. a deleted "
+        "`deepspeed/ops/adam/cpu_adam_op*.so`: `cpu_adam` is JIT-compiled or fails at first use), DeepSpeed "
+        "was removed or replaced under mlstack-ds's receipt, or the receipt itself is unusable.",
+        fix=("mlstack-ds install --force   # reinstalls from the wheel cache and writes a new receipt",),
+        source="issue 13 (a deleted cpu_adam_op*.so was reported intact by status, install and doctor); "
+        "files checked against the wheel's `*.dist-info/RECORD` (PEP 376/627)",
+        check=install_damaged,
     ),
 )
