@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,12 +49,13 @@ class FakeMachine:
         for number, target in enumerate(kfd_targets, start=1):
             write(nodes / str(number) / "properties", f"gfx_target_version {target}\n")
 
-    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM"))}
         environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm), **env)
         argv = [sys.executable, "-m", "mlstack_ds", "doctor", "--python", sys.executable,
                 "--sys-root", str(self.root), *args]
-        return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, check=False)
+        return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, check=False,
+                              input=stdin)
 
 
 def findings(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
@@ -139,3 +141,39 @@ def test_missing_libaio_is_an_error_only_when_the_config_offloads_to_nvme(tmp_pa
     result = machine.run("--json", "--ds-config", str(config), CPATH="", C_INCLUDE_PATH="", CFLAGS="")
     assert result.returncode == EXIT_ENVIRONMENT
     assert findings(result)["MLS-BUILD-005"]["severity"] == "error"
+
+
+def test_log_from_stdin(tmp_path: Path) -> None:
+    result = FakeMachine(tmp_path, None).run("--json", "--log", "-", stdin=MASK_ERROR.read_text())
+    assert result.returncode == EXIT_ENVIRONMENT, result.stderr
+    assert findings(result)["MLS-LOG-001"]["evidence"].startswith("log line 1: ")
+
+
+def test_log_from_a_fifo(tmp_path: Path) -> None:
+    """A FIFO cannot be read twice or seeked: the log is matched as it streams by."""
+    fifo = tmp_path / "build.fifo"
+    os.mkfifo(fifo)
+
+    def writer() -> None:
+        with fifo.open("wb") as stream:
+            stream.write(b"noise\n" * 1000 + MASK_ERROR.read_bytes())
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    result = FakeMachine(tmp_path, None).run("--json", "--log", str(fifo))
+    thread.join(timeout=60)
+    assert result.returncode == EXIT_ENVIRONMENT, result.stderr
+    assert findings(result)["MLS-LOG-001"]["evidence"].startswith("log line 1001: ")
+
+
+def test_binary_log_and_directory_as_log(tmp_path: Path) -> None:
+    binary = tmp_path / "core.bin"
+    binary.write_bytes(bytes(range(256)) * 1000)
+    machine = FakeMachine(tmp_path, None)
+    result = machine.run("--json", "--log", str(binary))
+    assert result.returncode == 0, result.stderr
+    assert not [f for f in findings(result).values() if f["origin"] == "log"]
+    directory = machine.run("--log", str(tmp_path))
+    assert directory.returncode == 2
+    assert "error: --log" in directory.stderr and "hint:" in directory.stderr
+    assert "Traceback" not in directory.stderr

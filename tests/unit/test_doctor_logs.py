@@ -3,11 +3,12 @@ are recognised; clean or unrelated logs are not."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
-from mlstack_ds.doctor.logs import match_log
+from mlstack_ds.doctor.logs import MAX_LINE_CHARS, match_log, match_log_stream
 from mlstack_ds.doctor.rules import RULES
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -101,3 +102,37 @@ def test_repeated_lines_are_counted_and_colour_codes_stripped() -> None:
 def test_a_clean_build_log_has_no_findings() -> None:
     text = "Successfully built deepspeed\nInstalling collected packages: deepspeed\nSuccessfully installed\n"
     assert match_log(text, RULES) == []
+
+
+def stream_ids(data: bytes, block_bytes: int) -> dict[str, str]:
+    return {f.rule_id: f.evidence for f in match_log_stream(io.BytesIO(data), RULES, block_bytes=block_bytes)}
+
+
+@pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
+def test_streaming_equals_whole_text_at_any_block_size(block_bytes: int) -> None:
+    """Block boundaries fall inside lines, inside colour codes and inside UTF-8 sequences."""
+    text = LUMI_DS_REPORT.read_text() + "ünïcødé line\n" + (LOGS / "mask-64bit_ds-7565.txt").read_text()
+    whole = {f.rule_id: f.evidence for f in match_log(text, RULES)}
+    assert stream_ids(text.encode(), block_bytes) == whole
+    assert set(whole) == FROM_DS_REPORT | {"MLS-LOG-001"}
+
+
+def test_binary_log_does_not_crash_and_still_matches() -> None:
+    data = bytes(range(256)) * 50 + b"\xff\xfe The mask must be a 64-bit integer \x80\n" + b"\x00" * 100
+    found = stream_ids(data, 1000)
+    assert set(found) == {"MLS-LOG-001"}
+    assert found["MLS-LOG-001"].startswith("log line ")
+
+
+def test_one_huge_line_is_matched_in_bounded_pieces() -> None:
+    """A log with no newline at all (a progress bar, a binary dump) larger than MAX_LINE_CHARS."""
+    filler = b"x" * (MAX_LINE_CHARS + 10)
+    data = filler + b" The mask must be a 64-bit integer " + filler + b" The mask must be a 64-bit integer"
+    found = stream_ids(data, 1 << 16)
+    assert found["MLS-LOG-001"].startswith("log line 1: xxx")
+    assert "more line" not in found["MLS-LOG-001"]  # one line, matched in several pieces, counts once
+
+
+def test_line_numbers_survive_many_blocks() -> None:
+    data = b"noise\n" * 100_000 + b"fatal error: oneapi/ccl.hpp: No such file or directory\n" + b"noise\n" * 10
+    assert stream_ids(data, 4096)["MLS-LOG-003"].startswith("log line 100001: fatal error: oneapi/ccl.hpp")
