@@ -67,8 +67,9 @@ class _LogMatcher:
     def __init__(self, rules: Iterable[Rule]) -> None:
         self.hits = [_RuleHits(rule) for rule in rules if rule.log_patterns]
         patterns = [p.pattern for h in self.hits for p in h.rule.log_patterns]
-        # Never matches when no rule has a pattern.
-        self.any_pattern = re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!)")
+        # MULTILINE: a block holds many lines and `^`/`$` in a pattern mean a line's start/end.
+        # `(?!)` never matches (no rule has a pattern).
+        self.any_pattern = re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!)", re.MULTILINE)
         self.line_number = 1  # number of the line the pending text starts on
         self.pending = ""  # an incomplete last line carried to the next block
 

@@ -38,6 +38,7 @@ class FakeMachine:
         self.rocm = tmp / "rocm"
         write(self.rocm / ".info" / "version", "6.2.2-116\n")
         write(self.rocm / "bin" / "hipcc", "#!/bin/sh\nexit 0\n", 0o755)
+        self.extensions = tmp / "torch_extensions"  # never the user's real JIT cache
         self.root = tmp / "root"
         (self.root / "dev" / "shm").mkdir(parents=True)
         write(self.root / "proc" / "cmdline", "BOOT_IMAGE=/vmlinuz ro quiet\n")
@@ -50,8 +51,11 @@ class FakeMachine:
             write(nodes / str(number) / "properties", f"gfx_target_version {target}\n")
 
     def run(self, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM"))}
-        environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm), **env)
+        environ = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM", "HIP_", "ROCM_HOME", "TORCH_EXTENSIONS"))}
+        environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm),
+                       TORCH_EXTENSIONS_DIR=str(self.extensions))
+        environ.update(env)
         argv = [sys.executable, "-m", "mlstack_ds", "doctor", "--python", sys.executable,
                 "--sys-root", str(self.root), *args]
         return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, check=False,
@@ -99,7 +103,8 @@ def test_forgotten_override_on_mi210s(tmp_path: Path) -> None:
     assert result.returncode == EXIT_ENVIRONMENT
     found = findings(result)
     assert "gfx90a (CDNA2, wave64)" in found["MLS-ENV-002"]["evidence"]
-    assert "ValueError" in found["MLS-ENV-003"]["evidence"]
+    assert "ValueError" in found["MLS-ENV-005"]["evidence"]  # rejected value: ENV-005, not ENV-003
+    assert "MLS-ENV-003" not in found
     assert found["MLS-NET-001"]["severity"] == "warning"  # 4 GPUs, IOMMU on, no iommu=pt
 
 
@@ -177,3 +182,29 @@ def test_binary_log_and_directory_as_log(tmp_path: Path) -> None:
     assert directory.returncode == 2
     assert "error: --log" in directory.stderr and "hint:" in directory.stderr
     assert "Traceback" not in directory.stderr
+
+
+def test_stale_jit_lock_found_and_its_fix_works(tmp_path: Path) -> None:
+    """The issue's hour of confusion: a killed JIT build left cpu_adam/lock; nothing owns it."""
+    machine = FakeMachine(tmp_path, RX7900, kfd_targets=(110000,))
+    lock = machine.extensions / "cpu_adam" / "lock"
+    write(lock)
+    finding = findings(machine.run("--json"))["MLS-BUILD-006"]
+    assert finding["severity"] == "error"
+    assert finding["evidence"].startswith(f"{lock} (op cpu_adam, ")
+    assert finding["fix"][0] == f"rm -f {lock}"
+    subprocess.run(finding["fix"][0].split(), check=True)  # the fix, as printed (no shell needed)
+    assert "MLS-BUILD-006" not in findings(machine.run("--json"))
+
+
+def test_environment_variables_deepspeed_and_torch_cannot_use(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
+    result = machine.run("--json", DS_ACCELERATOR="hip", DS_BUILD_OPS="1", PYTORCH_ROCM_ARCH="gfx90a;gfx1100",
+                         HIP_VISIBLE_DEVICES="-1", ROCM_HOME=str(tmp_path / "no-rocm"))
+    assert result.returncode == EXIT_ENVIRONMENT
+    found = findings(result)
+    assert "Value \"hip\" is not supported" in found["MLS-ENV-005"]["evidence"]
+    assert found["MLS-ENV-006"]["severity"] == "warning"
+    assert found["MLS-ARCH-003"]["evidence"] == "targets mix wave32 and wave64 GPUs: wave32: gfx1100; wave64: gfx90a"
+    assert found["MLS-GPU-003"]["evidence"].startswith("HIP_VISIBLE_DEVICES='-1' selects none of the detected")
+    assert found["MLS-ROCM-004"]["evidence"] == f"ROCM_HOME={tmp_path / 'no-rocm'} is not a directory"

@@ -35,9 +35,18 @@ LOG_CASES: dict[str, str] = {
     "tensile-library_pytorch-96964.txt": "MLS-ARCH-001",
     "rccl-iommu_vllm-390.txt": "MLS-NET-001",
     "shm-too-small_env-report.txt": "MLS-SYS-001",
+    "bus-error-shm_pipedream-28.txt": "MLS-SYS-001",
+    "error-building-extension_ds-3094.txt": "MLS-LOG-008",
+    "stale-so-undefined-symbol_ds-3410.txt": "MLS-LOG-009",
+    "nccl-unhandled-system-error_transformers-11658.txt": "MLS-NET-002",
+    "waited-on-lock_torch-file-baton.txt": "MLS-BUILD-006",
+    "dskernels-ds-build-ops_patches-0016.txt": "MLS-ENV-006",
+    "ds-accelerator-rejected_real-accelerator-py.txt": "MLS-ENV-005",
 }
 # Rules whose texts come from the real ds_report capture rather than from a quote file.
 FROM_DS_REPORT = {"MLS-BUILD-005", "MLS-LOG-004", "MLS-DS-001"}
+# ds_report's ninja line: the real captures say [OKAY]; [FAIL] is the same line with env_report's FAIL.
+FROM_NINJA_LINE = {"MLS-BUILD-002"}
 
 
 def ids(text: str) -> set[str]:
@@ -46,7 +55,7 @@ def ids(text: str) -> set[str]:
 
 def test_every_log_rule_is_exercised_by_a_real_text() -> None:
     with_patterns = {rule.id for rule in RULES if rule.log_patterns}
-    assert set(LOG_CASES.values()) | FROM_DS_REPORT == with_patterns
+    assert set(LOG_CASES.values()) | FROM_DS_REPORT | FROM_NINJA_LINE == with_patterns
 
 
 def test_every_quote_file_is_used_and_sourced() -> None:
@@ -136,3 +145,23 @@ def test_one_huge_line_is_matched_in_bounded_pieces() -> None:
 def test_line_numbers_survive_many_blocks() -> None:
     data = b"noise\n" * 100_000 + b"fatal error: oneapi/ccl.hpp: No such file or directory\n" + b"noise\n" * 10
     assert stream_ids(data, 4096)["MLS-LOG-003"].startswith("log line 100001: fatal error: oneapi/ccl.hpp")
+
+
+def test_ds_report_ninja_fail_line_is_recognised() -> None:
+    """The real capture's line 10 is `ninja .................. [OKAY]`; DeepSpeed's env_report prints
+    `print('ninja', '.' * 18, FAIL)` with FAIL = red `[FAIL]` when ninja is missing: same line, other word."""
+    okay = LUMI_DS_REPORT.read_text().splitlines()[9]
+    assert okay == "ninja .................. [OKAY]"
+    failed = okay.replace("[OKAY]", "\x1b[91m[FAIL]\x1b[0m")
+    report = LUMI_DS_REPORT.read_text().replace(okay, failed)
+    found = {f.rule_id: f for f in match_log(report, RULES)}
+    assert found["MLS-BUILD-002"].evidence == "log line 10: ninja .................. [FAIL]"
+    assert found["MLS-BUILD-002"].severity == "warning"
+    assert "MLS-BUILD-002" not in ids(LUMI_DS_REPORT.read_text())  # the real [OKAY] line
+
+
+def test_undefined_symbol_outside_deepspeed_is_not_a_stale_op() -> None:
+    """ROCm/TheRock#3466: torch's own library with a missing symbol is a broken torch, not a stale op."""
+    line = ("ImportError: /usr/local/lib64/python3.13/site-packages/torch/lib/libtorch_hip.so: undefined symbol: "
+            "_ZNK2at10TensorBase14const_data_ptrIN3c104HalfELi0EEEPKT_v")
+    assert "MLS-LOG-009" not in ids(line)
