@@ -30,7 +30,9 @@ LogOption = Annotated[
     Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output (- reads stdin).")
 ]
 DsConfigOption = Annotated[
-    Path | None, typer.Option("--ds-config", help="DeepSpeed JSON config: rates libaio by NVMe offload.")
+    Path | None,
+    typer.Option("--ds-config", help="DeepSpeed config (read with hjson, as DeepSpeed does): rates libaio by "
+                 "NVMe offload."),
 ]
 ReportOption = Annotated[bool, typer.Option("--report", help="Print a Markdown block for a bug report.")]
 SysRootOption = Annotated[
@@ -86,7 +88,7 @@ def register(app: typer.Typer) -> None:
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
         log_findings = _match_log(log) if log is not None else []
-        nvme = read_nvme_offload(ds_config) if ds_config is not None else False
+        nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
         diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,
                              min_rocm=find_recipe(DEFAULT_RECIPE).min_rocm)

@@ -208,3 +208,19 @@ def test_environment_variables_deepspeed_and_torch_cannot_use(tmp_path: Path) ->
     assert found["MLS-ARCH-003"]["evidence"] == "targets mix wave32 and wave64 GPUs: wave32: gfx1100; wave64: gfx90a"
     assert found["MLS-GPU-003"]["evidence"].startswith("HIP_VISIBLE_DEVICES='-1' selects none of the detected")
     assert found["MLS-ROCM-004"]["evidence"] == f"ROCM_HOME={tmp_path / 'no-rocm'} is not a directory"
+
+
+def test_ds_config_read_like_deepspeed(tmp_path: Path) -> None:
+    """hjson (comments, trailing commas) is accepted, a JSON array is a usage error with a hint."""
+    machine = FakeMachine(tmp_path, None)
+    (machine.root / "usr" / "include" / "libaio.h").unlink()
+    config = write(tmp_path / "ds_config.json",
+                   '{\n  // ZeRO-Infinity\n'
+                   '  "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",},},\n}\n')
+    result = machine.run("--json", "--ds-config", str(config), CPATH="", C_INCLUDE_PATH="", CFLAGS="")
+    assert findings(result)["MLS-BUILD-005"]["severity"] == "error", result.stderr
+    write(config, "[1, 2]")
+    refused = machine.run("--ds-config", str(config))
+    assert refused.returncode == 2
+    assert f"error: --ds-config {config}: the top level is a list" in refused.stderr
+    assert "hint: " in refused.stderr and "Traceback" not in refused.stderr
