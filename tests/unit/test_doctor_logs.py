@@ -4,11 +4,12 @@ are recognised; clean or unrelated logs are not."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
 
-from mlstack_ds.doctor.logs import MAX_LINE_CHARS, match_log, match_log_stream
+from mlstack_ds.doctor.logs import MAX_LINE_CHARS, literal_prefix, match_log, match_log_stream
 from mlstack_ds.doctor.rules import RULES
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -165,3 +166,28 @@ def test_undefined_symbol_outside_deepspeed_is_not_a_stale_op() -> None:
     line = ("ImportError: /usr/local/lib64/python3.13/site-packages/torch/lib/libtorch_hip.so: undefined symbol: "
             "_ZNK2at10TensorBase14const_data_ptrIN3c104HalfELi0EEEPKT_v")
     assert "MLS-LOG-009" not in ids(line)
+
+
+def test_every_log_pattern_starts_with_a_literal() -> None:
+    """Each pattern scans whole 1 MiB blocks from its literal prefix (str.find); without one it falls
+    back to the regex engine's scan, several times slower on a big log."""
+    for rule in RULES:
+        for pattern in rule.log_patterns:
+            assert len(literal_prefix(pattern)) >= 4, f"{rule.id}: {pattern.pattern}"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "prefix"),
+    [
+        (r"cuda_runtime_api\.h'?:? (file not found|No such file)", "cuda_runtime_api.h"),
+        (r"ninja \.+ \[FAIL\]", "ninja "),
+        (r"hipify\(\) got an", "hipify() got an"),
+        (r"Bus error\b", "Bus error"),
+        (r"(HIP|CUDA) version", ""),
+        (r"\bword", ""),
+        (r"abc*", "ab"),
+    ],
+)
+def test_literal_prefix(pattern: str, prefix: str) -> None:
+    assert literal_prefix(re.compile(pattern)) == prefix
+    assert literal_prefix(re.compile(pattern, re.IGNORECASE)) == ""

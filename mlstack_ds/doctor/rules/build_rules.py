@@ -59,7 +59,7 @@ RULES: tuple[Rule, ...] = (
         source="ds_report fixtures (`JIT compiled ops requires ninja`); DeepSpeed 0.19.5 deepspeed/env_report.py "
         "(`ninja` + 18 dots + `[FAIL]` in red when torch's is_ninja_available() is false)",
         check=no_ninja,
-        log_patterns=(re.compile(r"^ninja \.+ \[FAIL\]"),),
+        log_patterns=(re.compile(r"ninja \.+ \[FAIL\]"),),
     ),
     Rule(
         id="MLS-BUILD-003", severity="error", title="Python development headers are missing",

@@ -22,7 +22,7 @@ RULES: tuple[Rule, ...] = (
         fix=("build only the ops you need (DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 ...), never "
              "DS_BUILD_OPS=1 on ROCm", "or: mlstack-ds install"),
         source="F11 (deepspeedai/DeepSpeed#3304, ROCm/apex#102)",
-        log_patterns=(re.compile(r"'?cuda_runtime_api\.h'?:? (file not found|No such file)"),),
+        log_patterns=(re.compile(r"cuda_runtime_api\.h'?:? (file not found|No such file)"),),
     ),
     Rule(
         id="MLS-LOG-003", severity="error", title="DeepSpeed built for its CPU accelerator (oneCCL) on ROCm",

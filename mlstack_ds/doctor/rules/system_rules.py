@@ -58,7 +58,8 @@ RULES: tuple[Rule, ...] = (
         "msr-fiddle/pipedream#28 (`Unexpected bus error encountered in worker`), sgl-project/sglang#38638 "
         "(`Bus error (core dumped)` from a full /dev/shm), NVIDIA/nccl#342",
         check=shm_too_small,
-        log_patterns=(re.compile(r"/dev/shm size might be too small"), re.compile(r"\b[Bb]us error\b"),
+        log_patterns=(re.compile(r"/dev/shm size might be too small"), re.compile(r"Bus error\b"),
+                      re.compile(r"bus error encountered in worker"),
                       re.compile(r"Error while creating shared memory segment")),
     ),
     Rule(
