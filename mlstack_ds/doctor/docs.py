@@ -15,7 +15,8 @@ HEADER = """# Troubleshooting DeepSpeed on ROCm
 
 `mlstack-ds doctor` checks this machine (and, with `--log FILE`, a build or run log) against the
 rules below. Each finding names its rule id; the ids are stable. Every rule comes from a real failure
-(see *Source*). Exit code: 0 when no finding is an error, 3 otherwise.
+(see *Source*). Exit code: 0 when no finding is an error, 3 otherwise; 2 for a bad option, or a
+`--log`/`--ds-config` that cannot be read (one `error:` line and one `hint:` line, never a traceback).
 
     mlstack-ds doctor                 # this machine, as a table
     mlstack-ds doctor --log build.log # also match a pip/ds_report/traceback log (any size, streamed)

@@ -20,7 +20,9 @@ A config that is not an object (a JSON array, a bare number) is refused: DeepSpe
 from __future__ import annotations
 
 import collections
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +80,13 @@ def dict_raise_error_on_duplicate_keys(ordered_pairs: list[tuple[str, Any]]) -> 
 
 def read_ds_config(path: Path, python: str | Path | None = None) -> dict[str, Any]:
     """The config at `path` as DeepSpeed would load it in `python`; every bad file is a UsageError."""
+    # Checked without reading, so a FIFO is read once, by the parser (DeepSpeed reads one too).
     try:
-        with path.open("rb") as stream:
-            stream.read(1)
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        path.stat()
+        if not os.access(path, os.R_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as exc:
         raise UsageError(f"--ds-config {path}: {exc.strerror or exc}", hint="pass a readable file") from exc
     target = resolve_python(python)

@@ -120,3 +120,21 @@ def test_without_hjson_strict_json_is_read_and_the_rest_refused(tmp_path: Path, 
     path.write_text('{"a": 1, "a": 2}')
     with pytest.raises(UsageError, match=r"Duplicate keys in DeepSpeed config: \['a'\]"):
         read_ds_config(path, python_without_hjson)
+
+
+def test_a_fifo_is_read_once_by_the_parser(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    fifo = tmp_path / "ds_config.fifo"
+    os.mkfifo(fifo)
+    text = ACCEPTED["comments and trailing commas"]
+
+    def writer() -> None:
+        with fifo.open("w") as stream:
+            stream.write(text)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert read_nvme_offload(fifo) is True
+    thread.join(timeout=60)
