@@ -128,12 +128,13 @@ def render_section(result: dict) -> str:
         f"{result['size_mb']:.0f} MB ({result['lines']:,} lines; hipcc command lines, warnings, pip and training "
         f"output, a non-UTF-8 line, two known errors at the end), {result['runs']} run(s) each, each in a fresh "
         f"interpreter; load average {result['load_before']:.1f} before / {result['load_after']:.1f} after "
-        f"({os.cpu_count()} cores). Peak RSS is the interpreter's `ru_maxrss` (Python + the rules, about 30 MB, "
-        "included).\n\n"
+        f"({os.cpu_count()} cores). Peak RSS is the interpreter's `ru_maxrss`, the interpreter and the rule registry "
+        "included. The old reader runs today's rule set (more patterns than when it was written).\n\n"
         "| what | median s | min s | max s | peak RSS MiB |\n|---|---|---|---|---|\n"
         + "\n".join(rows) + "\n\n"
         f"Findings (both implementations): {', '.join(result['findings'])}. Streaming keeps memory flat "
-        "whatever the log's size (1 MiB blocks, the first matching line and a count per rule).\n"
+        "whatever the log's size (1 MiB blocks, the first matching line and a count per rule). The machine was "
+        "shared (see the load average): the times are upper bounds, the memory is not load-dependent.\n"
     )
 
 
