@@ -18,13 +18,14 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from mlstack_ds.doctor.model import Finding, Hit, Rule
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MAX_EVIDENCE_CHARS = 240
+MAX_MORE_LINES = 3  # line numbers quoted after the first matching line
 BLOCK_BYTES = 1 << 20
 # A "line" longer than this (a binary file, a progress bar without newlines) is matched in pieces of
 # this size, each overlapping the previous one, so memory stays bounded; hits keep the line's number.
@@ -34,10 +35,12 @@ _OVERLAP_CHARS = 4096
 
 @dataclass
 class _RuleHits:
-    """Per rule: the first matching line (number, text) and how many lines matched."""
+    """Per rule: the first matching line (number, text), the numbers of the next few, and how many
+    lines matched in all (all that is kept, whatever the log's size)."""
 
     rule: Rule
     first: tuple[int, str] | None = None
+    next_lines: list[int] = field(default_factory=list)  # at most MAX_MORE_LINES
     count: int = 0
     last_line: int = 0  # a line matched in several pieces counts once
 
@@ -128,6 +131,8 @@ class _LogMatcher:
         hits.count += 1
         if hits.first is None:
             hits.first = (number, _shorten(text.strip()))
+        elif len(hits.next_lines) < MAX_MORE_LINES:
+            hits.next_lines.append(number)
 
     def findings(self) -> list[Finding]:
         found = []
@@ -135,7 +140,11 @@ class _LogMatcher:
             if hits.first is None:
                 continue
             number, quoted = hits.first
-            more = f" (and {hits.count - 1} more line(s))" if hits.count > 1 else ""
+            more = ""
+            if hits.count > 1:
+                where = ", ".join(str(n) for n in hits.next_lines)
+                where += ", …" if hits.count - 1 > len(hits.next_lines) else ""
+                more = f" (and {hits.count - 1} more line(s): {where})"
             found.append(hits.rule.finding(Hit(f"log line {number}: {quoted}{more}"), origin="log"))
         return found
 

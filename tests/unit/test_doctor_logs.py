@@ -106,7 +106,13 @@ def test_repeated_lines_are_counted_and_colour_codes_stripped() -> None:
     line = "\x1b[93m [WARNING] \x1b[0m sparse_attn is not compatible with ROCM"
     [finding] = match_log(f"{line}\nother\n{line}\n", RULES)
     assert finding.evidence == ("log line 1: [WARNING]  sparse_attn is not compatible with ROCM "
-                                "(and 1 more line(s))")
+                                "(and 1 more line(s): 3)")
+
+
+def test_only_the_first_few_matching_lines_are_kept() -> None:
+    line = "fatal error: oneapi/ccl.hpp: No such file or directory"
+    [finding] = match_log("\n".join([line, "other"] * 1000), RULES)
+    assert finding.evidence == f"log line 1: {line} (and 999 more line(s): 3, 5, 7, …)"
 
 
 def test_a_clean_build_log_has_no_findings() -> None:
