@@ -29,7 +29,7 @@ RULES: tuple[Rule, ...] = (
         "root...`, silently and forever: a killed JIT build left `torch_extensions/<py>_<device>/<op>/lock`, "
         "and torch waits for that file to disappear (`Waited on lock file ...` only where a caller asks "
         "torch to warn).",
-        fix=("rm -f <the lock files named above>   # only those; the built ops stay",),
+        fix=("rm -f <each lock file the finding names>   # only those; the built ops stay",),
         source="pytorch/pytorch#189245 (stale FileBaton lock, permanent deadlock), PR #149382 (the `Waited on "
         "lock file` warning); huggingface/transformers#26015, OpenRLHF/OpenRLHF#208 (DeepSpeed stuck at "
         "`Using ... as PyTorch extensions root`); torch/utils/file_baton.py",
