@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,8 +13,11 @@ from rich.table import Table
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.doctor import Diagnosis, diagnose
 from mlstack_ds.doctor.dsconfig import read_nvme_offload
+from mlstack_ds.doctor.logs import match_log_stream
+from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.report import render_markdown
-from mlstack_ds.errors import ExitCode, UsageError
+from mlstack_ds.doctor.rules import RULES
+from mlstack_ds.errors import EnvironmentProblem, ExitCode, UsageError
 from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -23,10 +27,12 @@ PythonOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 LogOption = Annotated[
-    Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output.")
+    Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output (- reads stdin).")
 ]
 DsConfigOption = Annotated[
-    Path | None, typer.Option("--ds-config", help="DeepSpeed JSON config: rates libaio by NVMe offload.")
+    Path | None,
+    typer.Option("--ds-config", help="DeepSpeed config (read with hjson, as DeepSpeed does): rates libaio by "
+                 "NVMe offload."),
 ]
 ReportOption = Annotated[bool, typer.Option("--report", help="Print a Markdown block for a bug report.")]
 SysRootOption = Annotated[
@@ -34,11 +40,19 @@ SysRootOption = Annotated[
 ]
 
 
-def _read_log(path: Path) -> str:
+def _match_log(path: Path) -> list[Finding]:
+    """Match the log at `path` (`-`: stdin; a FIFO works too) line by line in bounded memory."""
+    if str(path) == "-":
+        return match_log_stream(sys.stdin.buffer, RULES)
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as stream:
+            return match_log_stream(stream, RULES)
     except OSError as exc:
-        raise UsageError(f"--log {path}: {exc.strerror or exc}", hint="pass a readable log file") from exc
+        raise UsageError(f"--log {path}: {exc.strerror or exc}",
+                         hint="pass a readable log file, or - for stdin") from exc
+    except MemoryError as exc:  # bounded by design; a machine this short of memory cannot run doctor
+        raise EnvironmentProblem(f"--log {path}: out of memory while reading the log",
+                                 hint="free some memory, or pass the part of the log around the error") from exc
 
 
 def _render_table(diagnosis: Diagnosis, output: Output) -> None:
@@ -73,10 +87,10 @@ def register(app: typer.Typer) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
-        log_text = _read_log(log) if log is not None else None
-        nvme = read_nvme_offload(ds_config) if ds_config is not None else False
+        log_findings = _match_log(log) if log is not None else []
+        nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
-        diagnosis = diagnose(python=python, log_text=log_text, root=sys_root, nvme_offload=nvme,
+        diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,
                              min_rocm=find_recipe(DEFAULT_RECIPE).min_rocm)
         if json_output:
             output.emit_json(diagnosis.to_dict())

@@ -1,18 +1,64 @@
-"""Read what the doctor needs from a DeepSpeed JSON config: does it offload to NVMe?
+"""Read a DeepSpeed config file the way DeepSpeed reads it, and say whether it offloads to NVMe.
 
-Why: missing libaio headers only break a run whose ZeRO config offloads to NVMe (ZeRO-Infinity);
+Why NVMe: missing libaio headers only break a run whose ZeRO config offloads to NVMe (ZeRO-Infinity);
 for everyone else it is a note (catalogue F14).
+
+Why the target interpreter parses it: DeepSpeed 0.19.5 (`runtime/config.py`, `DeepSpeedConfig`) reads a
+config path with `hjson.load(open(config, "r"), object_pairs_hook=dict_raise_error_on_duplicate_keys)`.
+Hjson accepts far more than JSON (`#`, `//` and `/* */` comments, trailing and omitted commas,
+quoteless keys and strings, `'''` multi-line strings, a root object without braces), and the hook
+refuses duplicate keys. Re-implementing that grammar here would drift from hjson's; hjson is a
+DeepSpeed dependency, not ours (our runtime dependencies stay typer, rich, gitpython, unidiff, requests,
+packaging). So the file is parsed by hjson itself, in the target interpreter, the one DeepSpeed runs
+in, with a copy of DeepSpeed's duplicate-key hook (importing DeepSpeed for it would import torch).
+Without hjson there (DeepSpeed not installed yet), the file is read as strict JSON, which hjson
+accepts with the same meaning; anything else is refused with a hint to install DeepSpeed first.
+A config that is not an object (a JSON array, a bare number) is refused: DeepSpeed's
+`DeepSpeedConfig` needs a mapping and fails on anything else.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.errors import UsageError
+from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.errors import ToolError, UsageError
+from mlstack_ds.runner import run
 
 _OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
+MARKER = "MLSTACK_DSCONFIG_JSON:"
+PARSE_TIMEOUT_S = 60.0
+
+# Runs in the target interpreter. The hook is DeepSpeed 0.19.5's runtime/config_utils.py
+# dict_raise_error_on_duplicate_keys, verbatim in behaviour and message.
+PARSE_SCRIPT = r"""
+import collections, json, sys
+MARKER = "MLSTACK_DSCONFIG_JSON:"
+try:
+    import hjson
+except ImportError:
+    print(MARKER + json.dumps({"hjson": False}))
+    sys.exit(0)
+def dict_raise_error_on_duplicate_keys(ordered_pairs):
+    d = dict((k, v) for k, v in ordered_pairs)
+    if len(d) != len(ordered_pairs):
+        counter = collections.Counter([pair[0] for pair in ordered_pairs])
+        keys = [key for key, value in counter.items() if value > 1]
+        raise ValueError("Duplicate keys in DeepSpeed config: {}".format(keys))
+    return d
+try:
+    with open(sys.argv[1], "r") as stream:
+        config = hjson.load(stream, object_pairs_hook=dict_raise_error_on_duplicate_keys)
+except Exception as exc:
+    print(MARKER + json.dumps({"hjson": True, "error": "%s: %s" % (type(exc).__name__, exc)}))
+    sys.exit(0)
+print(MARKER + json.dumps({"hjson": True, "config": config}, default=str))
+"""
 
 
 def offloads_to_nvme(config: Any) -> bool:
@@ -22,12 +68,74 @@ def offloads_to_nvme(config: Any) -> bool:
     return any(isinstance(zero.get(k), dict) and zero[k].get("device") == "nvme" for k in _OFFLOAD_KEYS)
 
 
-def read_nvme_offload(path: Path) -> bool:
-    """Whether the DeepSpeed config file at `path` offloads to NVMe; bad files are usage errors."""
+def dict_raise_error_on_duplicate_keys(ordered_pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """DeepSpeed's hook, for the strict-JSON fallback."""
+    d = dict(ordered_pairs)
+    if len(d) != len(ordered_pairs):
+        counter = collections.Counter(pair[0] for pair in ordered_pairs)
+        keys = [key for key, count in counter.items() if count > 1]
+        raise ValueError(f"Duplicate keys in DeepSpeed config: {keys}")
+    return d
+
+
+def read_ds_config(path: Path, python: str | Path | None = None) -> dict[str, Any]:
+    """The config at `path` as DeepSpeed would load it in `python`; every bad file is a UsageError."""
+    # Checked without reading, so a FIFO is read once, by the parser (DeepSpeed reads one too).
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        path.stat()
+        if not os.access(path, os.R_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as exc:
         raise UsageError(f"--ds-config {path}: {exc.strerror or exc}", hint="pass a readable file") from exc
-    except ValueError as exc:
-        raise UsageError(f"--ds-config {path}: not JSON ({exc})", hint="pass a DeepSpeed config") from exc
-    return offloads_to_nvme(config)
+    target = resolve_python(python)
+    answer = _parse_in_target(target, path)
+    if answer is None or not answer.get("hjson"):
+        config = _parse_strict_json(path, target)
+    elif "error" in answer:
+        raise UsageError(f"--ds-config {path}: DeepSpeed cannot read it ({answer['error']})",
+                         hint="fix the file; DeepSpeed reads configs with hjson (comments and trailing commas "
+                         "are fine, duplicate keys are not)")
+    else:
+        config = answer.get("config")
+    if not isinstance(config, dict):
+        kind = "a list" if isinstance(config, list) else type(config).__name__
+        raise UsageError(f"--ds-config {path}: the top level is {kind}, DeepSpeed needs an object",
+                         hint='a DeepSpeed config is one object: {"train_batch_size": 8, ...}')
+    return config
+
+
+def read_nvme_offload(path: Path, python: str | Path | None = None) -> bool:
+    """Whether the DeepSpeed config file at `path` offloads to NVMe; bad files are usage errors."""
+    return offloads_to_nvme(read_ds_config(path, python))
+
+
+def _parse_in_target(python: Path, path: Path) -> dict[str, Any] | None:
+    """hjson's answer from the target interpreter; None when it could not be asked."""
+    try:
+        result = run([python, "-c", PARSE_SCRIPT, str(path.resolve())], timeout=PARSE_TIMEOUT_S)
+    except ToolError:
+        return None
+    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
+    if not result.ok or line is None:
+        return None
+    try:
+        answer = json.loads(line[len(MARKER):])
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _parse_strict_json(path: Path, python: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text, object_pairs_hook=dict_raise_error_on_duplicate_keys)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise UsageError(
+            f"--ds-config {path}: not strict JSON ({exc}), and {python} has no hjson to read it as DeepSpeed does",
+            hint="install DeepSpeed in the target first (it brings hjson), or pass a strict JSON file",
+        ) from exc
+    except ValueError as exc:  # the duplicate-key hook
+        raise UsageError(f"--ds-config {path}: DeepSpeed cannot read it (ValueError: {exc})",
+                         hint="remove the duplicate keys") from exc

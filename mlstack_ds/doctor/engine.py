@@ -50,10 +50,13 @@ def diagnose(
     environ: Mapping[str, str] | None = None,
     python: str | Path | None = None,
     log_text: str | None = None,
+    log_findings: Iterable[Finding] = (),
     root: Path = Path("/"),
     min_rocm: str = DEFAULT_MIN_ROCM,
     nvme_offload: bool = False,
 ) -> Diagnosis:
+    """Detect, collect facts, run every rule. A log is matched by the caller (`match_log_stream`, in
+    bounded memory) and passed as `log_findings`; `log_text` is the same for a log already in memory."""
     environ = dict(os.environ if environ is None else environ)
     target_python = resolve_python(python)
     # The target interpreter's own facts are asked while detect waits on torch's slow import.
@@ -62,7 +65,8 @@ def diagnose(
         facts = collect_facts(env, environ=environ, root=root,
                               target=finish_target_probe(target_python, pending_target))
     inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm, nvme_offload=nvme_offload)
-    findings = run_rules(inp)
+    findings = [*run_rules(inp), *log_findings]
     if log_text is not None:
-        findings = sort_findings([*findings, *match_log(log_text, RULES)])
+        findings += match_log(log_text, RULES)
+    findings = sort_findings(findings)
     return Diagnosis(env=env, facts=facts, findings=findings)

@@ -23,6 +23,7 @@ from mlstack_ds import gfx
 from mlstack_ds.deepspeed_build import DeepSpeedBuild, read_deepspeed_build
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
+from mlstack_ds.doctor.jitlocks import JitLockScan, scan_jit_locks
 from mlstack_ds.errors import ToolError
 from mlstack_ds.install import InstalledState, check_health
 from mlstack_ds.integrity import RECORD_LOCATOR, check_files
@@ -88,6 +89,8 @@ class SystemFacts:
     kernel_cmdline: str | None = None
     iommu_enabled: bool | None = None  # None: unknown (no /sys/class/iommu)
     kfd_native_archs: tuple[str, ...] = ()  # GPU nodes' real targets per KFD, overrides ignored
+    rocm_env_missing: tuple[str, ...] = ()  # "ROCM_PATH=/x" for ROCM_PATH/ROCM_HOME set to no directory
+    jit_locks: JitLockScan | None = None  # torch JIT build locks, with their live owners
     warnings: tuple[str, ...] = ()
 
     @property
@@ -145,6 +148,8 @@ def collect_facts(
         kernel_cmdline=_read_text(root / "proc" / "cmdline"),
         iommu_enabled=_iommu_enabled(root / "sys" / "class" / "iommu"),
         kfd_native_archs=kfd_native_archs(root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes"),
+        rocm_env_missing=rocm_env_missing(environ),
+        jit_locks=scan_jit_locks(environ, proc=root / "proc"),
         warnings=tuple(warnings),
     )
 
@@ -231,6 +236,13 @@ def kfd_native_archs(nodes_dir: Path) -> tuple[str, ...]:
         return ()
     archs = [parse_gfx_target_version(_read_text(node / "properties") or "") for node in nodes]
     return tuple(a for a in archs if a)
+
+
+def rocm_env_missing(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """ROCM_PATH / ROCM_HOME values that are set but name no directory (torch and DeepSpeed take them
+    as given; detect silently falls back to /opt/rocm, which hides the mistake)."""
+    return tuple(f"{name}={environ[name]}" for name in ("ROCM_PATH", "ROCM_HOME")
+                 if environ.get(name) and not Path(environ[name]).is_dir())
 
 
 def _has_libaio_headers(root: Path, environ: Mapping[str, str]) -> bool:

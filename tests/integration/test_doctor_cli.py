@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ class FakeMachine:
         self.rocm = tmp / "rocm"
         write(self.rocm / ".info" / "version", "6.2.2-116\n")
         write(self.rocm / "bin" / "hipcc", "#!/bin/sh\nexit 0\n", 0o755)
+        self.extensions = tmp / "torch_extensions"  # never the user's real JIT cache
         self.root = tmp / "root"
         (self.root / "dev" / "shm").mkdir(parents=True)
         write(self.root / "proc" / "cmdline", "BOOT_IMAGE=/vmlinuz ro quiet\n")
@@ -48,12 +50,16 @@ class FakeMachine:
         for number, target in enumerate(kfd_targets, start=1):
             write(nodes / str(number) / "properties", f"gfx_target_version {target}\n")
 
-    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM"))}
-        environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm), **env)
+    def run(self, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM", "HIP_", "ROCM_HOME", "TORCH_EXTENSIONS"))}
+        environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm),
+                       TORCH_EXTENSIONS_DIR=str(self.extensions))
+        environ.update(env)
         argv = [sys.executable, "-m", "mlstack_ds", "doctor", "--python", sys.executable,
                 "--sys-root", str(self.root), *args]
-        return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, check=False)
+        return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, check=False,
+                              input=stdin)
 
 
 def findings(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
@@ -97,7 +103,8 @@ def test_forgotten_override_on_mi210s(tmp_path: Path) -> None:
     assert result.returncode == EXIT_ENVIRONMENT
     found = findings(result)
     assert "gfx90a (CDNA2, wave64)" in found["MLS-ENV-002"]["evidence"]
-    assert "ValueError" in found["MLS-ENV-003"]["evidence"]
+    assert "ValueError" in found["MLS-ENV-005"]["evidence"]  # rejected value: ENV-005, not ENV-003
+    assert "MLS-ENV-003" not in found
     assert found["MLS-NET-001"]["severity"] == "warning"  # 4 GPUs, IOMMU on, no iommu=pt
 
 
@@ -139,3 +146,81 @@ def test_missing_libaio_is_an_error_only_when_the_config_offloads_to_nvme(tmp_pa
     result = machine.run("--json", "--ds-config", str(config), CPATH="", C_INCLUDE_PATH="", CFLAGS="")
     assert result.returncode == EXIT_ENVIRONMENT
     assert findings(result)["MLS-BUILD-005"]["severity"] == "error"
+
+
+def test_log_from_stdin(tmp_path: Path) -> None:
+    result = FakeMachine(tmp_path, None).run("--json", "--log", "-", stdin=MASK_ERROR.read_text())
+    assert result.returncode == EXIT_ENVIRONMENT, result.stderr
+    assert findings(result)["MLS-LOG-001"]["evidence"].startswith("log line 1: ")
+
+
+def test_log_from_a_fifo(tmp_path: Path) -> None:
+    """A FIFO cannot be read twice or seeked: the log is matched as it streams by."""
+    fifo = tmp_path / "build.fifo"
+    os.mkfifo(fifo)
+
+    def writer() -> None:
+        with fifo.open("wb") as stream:
+            stream.write(b"noise\n" * 1000 + MASK_ERROR.read_bytes())
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    result = FakeMachine(tmp_path, None).run("--json", "--log", str(fifo))
+    thread.join(timeout=60)
+    assert result.returncode == EXIT_ENVIRONMENT, result.stderr
+    assert findings(result)["MLS-LOG-001"]["evidence"].startswith("log line 1001: ")
+
+
+def test_binary_log_and_directory_as_log(tmp_path: Path) -> None:
+    binary = tmp_path / "core.bin"
+    binary.write_bytes(bytes(range(256)) * 1000)
+    machine = FakeMachine(tmp_path, None)
+    result = machine.run("--json", "--log", str(binary))
+    assert result.returncode == 0, result.stderr
+    assert not [f for f in findings(result).values() if f["origin"] == "log"]
+    directory = machine.run("--log", str(tmp_path))
+    assert directory.returncode == 2
+    assert "error: --log" in directory.stderr and "hint:" in directory.stderr
+    assert "Traceback" not in directory.stderr
+
+
+def test_stale_jit_lock_found_and_its_fix_works(tmp_path: Path) -> None:
+    """The issue's hour of confusion: a killed JIT build left cpu_adam/lock; nothing owns it."""
+    machine = FakeMachine(tmp_path, RX7900, kfd_targets=(110000,))
+    lock = machine.extensions / "cpu_adam" / "lock"
+    write(lock)
+    finding = findings(machine.run("--json"))["MLS-BUILD-006"]
+    assert finding["severity"] == "error"
+    assert finding["evidence"].startswith(f"{lock} (op cpu_adam, ")
+    assert finding["fix"][0] == f"rm -f {lock}"
+    subprocess.run(finding["fix"][0].split(), check=True)  # the fix, as printed (no shell needed)
+    assert "MLS-BUILD-006" not in findings(machine.run("--json"))
+
+
+def test_environment_variables_deepspeed_and_torch_cannot_use(tmp_path: Path) -> None:
+    machine = FakeMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
+    result = machine.run("--json", DS_ACCELERATOR="hip", DS_BUILD_OPS="1", PYTORCH_ROCM_ARCH="gfx90a;gfx1100",
+                         HIP_VISIBLE_DEVICES="-1", ROCM_HOME=str(tmp_path / "no-rocm"))
+    assert result.returncode == EXIT_ENVIRONMENT
+    found = findings(result)
+    assert "Value \"hip\" is not supported" in found["MLS-ENV-005"]["evidence"]
+    assert found["MLS-ENV-006"]["severity"] == "warning"
+    assert found["MLS-ARCH-003"]["evidence"] == "targets mix wave32 and wave64 GPUs: wave32: gfx1100; wave64: gfx90a"
+    assert found["MLS-GPU-003"]["evidence"].startswith("HIP_VISIBLE_DEVICES='-1' selects none of the detected")
+    assert found["MLS-ROCM-004"]["evidence"] == f"ROCM_HOME={tmp_path / 'no-rocm'} is not a directory"
+
+
+def test_ds_config_read_like_deepspeed(tmp_path: Path) -> None:
+    """hjson (comments, trailing commas) is accepted, a JSON array is a usage error with a hint."""
+    machine = FakeMachine(tmp_path, None)
+    (machine.root / "usr" / "include" / "libaio.h").unlink()
+    config = write(tmp_path / "ds_config.json",
+                   '{\n  // ZeRO-Infinity\n'
+                   '  "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",},},\n}\n')
+    result = machine.run("--json", "--ds-config", str(config), CPATH="", C_INCLUDE_PATH="", CFLAGS="")
+    assert findings(result)["MLS-BUILD-005"]["severity"] == "error", result.stderr
+    write(config, "[1, 2]")
+    refused = machine.run("--ds-config", str(config))
+    assert refused.returncode == 2
+    assert f"error: --ds-config {config}: the top level is a list" in refused.stderr
+    assert "hint: " in refused.stderr and "Traceback" not in refused.stderr

@@ -3,11 +3,13 @@ are recognised; clean or unrelated logs are not."""
 
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
 import pytest
 
-from mlstack_ds.doctor.logs import match_log
+from mlstack_ds.doctor.logs import MAX_LINE_CHARS, literal_prefix, match_log, match_log_stream
 from mlstack_ds.doctor.rules import RULES
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -34,9 +36,18 @@ LOG_CASES: dict[str, str] = {
     "tensile-library_pytorch-96964.txt": "MLS-ARCH-001",
     "rccl-iommu_vllm-390.txt": "MLS-NET-001",
     "shm-too-small_env-report.txt": "MLS-SYS-001",
+    "bus-error-shm_pipedream-28.txt": "MLS-SYS-001",
+    "error-building-extension_ds-3094.txt": "MLS-LOG-008",
+    "stale-so-undefined-symbol_ds-3410.txt": "MLS-LOG-009",
+    "nccl-unhandled-system-error_transformers-11658.txt": "MLS-NET-002",
+    "waited-on-lock_torch-file-baton.txt": "MLS-BUILD-006",
+    "dskernels-ds-build-ops_patches-0016.txt": "MLS-ENV-006",
+    "ds-accelerator-rejected_real-accelerator-py.txt": "MLS-ENV-005",
 }
 # Rules whose texts come from the real ds_report capture rather than from a quote file.
 FROM_DS_REPORT = {"MLS-BUILD-005", "MLS-LOG-004", "MLS-DS-001"}
+# ds_report's ninja line: the real captures say [OKAY]; [FAIL] is the same line with env_report's FAIL.
+FROM_NINJA_LINE = {"MLS-BUILD-002"}
 
 
 def ids(text: str) -> set[str]:
@@ -45,7 +56,7 @@ def ids(text: str) -> set[str]:
 
 def test_every_log_rule_is_exercised_by_a_real_text() -> None:
     with_patterns = {rule.id for rule in RULES if rule.log_patterns}
-    assert set(LOG_CASES.values()) | FROM_DS_REPORT == with_patterns
+    assert set(LOG_CASES.values()) | FROM_DS_REPORT | FROM_NINJA_LINE == with_patterns
 
 
 def test_every_quote_file_is_used_and_sourced() -> None:
@@ -95,9 +106,94 @@ def test_repeated_lines_are_counted_and_colour_codes_stripped() -> None:
     line = "\x1b[93m [WARNING] \x1b[0m sparse_attn is not compatible with ROCM"
     [finding] = match_log(f"{line}\nother\n{line}\n", RULES)
     assert finding.evidence == ("log line 1: [WARNING]  sparse_attn is not compatible with ROCM "
-                                "(and 1 more line(s))")
+                                "(and 1 more line(s): 3)")
+
+
+def test_only_the_first_few_matching_lines_are_kept() -> None:
+    line = "fatal error: oneapi/ccl.hpp: No such file or directory"
+    [finding] = match_log("\n".join([line, "other"] * 1000), RULES)
+    assert finding.evidence == f"log line 1: {line} (and 999 more line(s): 3, 5, 7, …)"
 
 
 def test_a_clean_build_log_has_no_findings() -> None:
     text = "Successfully built deepspeed\nInstalling collected packages: deepspeed\nSuccessfully installed\n"
     assert match_log(text, RULES) == []
+
+
+def stream_ids(data: bytes, block_bytes: int) -> dict[str, str]:
+    return {f.rule_id: f.evidence for f in match_log_stream(io.BytesIO(data), RULES, block_bytes=block_bytes)}
+
+
+@pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
+def test_streaming_equals_whole_text_at_any_block_size(block_bytes: int) -> None:
+    """Block boundaries fall inside lines, inside colour codes and inside UTF-8 sequences."""
+    text = LUMI_DS_REPORT.read_text() + "ünïcødé line\n" + (LOGS / "mask-64bit_ds-7565.txt").read_text()
+    whole = {f.rule_id: f.evidence for f in match_log(text, RULES)}
+    assert stream_ids(text.encode(), block_bytes) == whole
+    assert set(whole) == FROM_DS_REPORT | {"MLS-LOG-001"}
+
+
+def test_binary_log_does_not_crash_and_still_matches() -> None:
+    data = bytes(range(256)) * 50 + b"\xff\xfe The mask must be a 64-bit integer \x80\n" + b"\x00" * 100
+    found = stream_ids(data, 1000)
+    assert set(found) == {"MLS-LOG-001"}
+    assert found["MLS-LOG-001"].startswith("log line ")
+
+
+def test_one_huge_line_is_matched_in_bounded_pieces() -> None:
+    """A log with no newline at all (a progress bar, a binary dump) larger than MAX_LINE_CHARS."""
+    filler = b"x" * (MAX_LINE_CHARS + 10)
+    data = filler + b" The mask must be a 64-bit integer " + filler + b" The mask must be a 64-bit integer"
+    found = stream_ids(data, 1 << 16)
+    assert found["MLS-LOG-001"].startswith("log line 1: xxx")
+    assert "more line" not in found["MLS-LOG-001"]  # one line, matched in several pieces, counts once
+
+
+def test_line_numbers_survive_many_blocks() -> None:
+    data = b"noise\n" * 100_000 + b"fatal error: oneapi/ccl.hpp: No such file or directory\n" + b"noise\n" * 10
+    assert stream_ids(data, 4096)["MLS-LOG-003"].startswith("log line 100001: fatal error: oneapi/ccl.hpp")
+
+
+def test_ds_report_ninja_fail_line_is_recognised() -> None:
+    """The real capture's line 10 is `ninja .................. [OKAY]`; DeepSpeed's env_report prints
+    `print('ninja', '.' * 18, FAIL)` with FAIL = red `[FAIL]` when ninja is missing: same line, other word."""
+    okay = LUMI_DS_REPORT.read_text().splitlines()[9]
+    assert okay == "ninja .................. [OKAY]"
+    failed = okay.replace("[OKAY]", "\x1b[91m[FAIL]\x1b[0m")
+    report = LUMI_DS_REPORT.read_text().replace(okay, failed)
+    found = {f.rule_id: f for f in match_log(report, RULES)}
+    assert found["MLS-BUILD-002"].evidence == "log line 10: ninja .................. [FAIL]"
+    assert found["MLS-BUILD-002"].severity == "warning"
+    assert "MLS-BUILD-002" not in ids(LUMI_DS_REPORT.read_text())  # the real [OKAY] line
+
+
+def test_undefined_symbol_outside_deepspeed_is_not_a_stale_op() -> None:
+    """ROCm/TheRock#3466: torch's own library with a missing symbol is a broken torch, not a stale op."""
+    line = ("ImportError: /usr/local/lib64/python3.13/site-packages/torch/lib/libtorch_hip.so: undefined symbol: "
+            "_ZNK2at10TensorBase14const_data_ptrIN3c104HalfELi0EEEPKT_v")
+    assert "MLS-LOG-009" not in ids(line)
+
+
+def test_every_log_pattern_starts_with_a_literal() -> None:
+    """Each pattern scans whole 1 MiB blocks from its literal prefix (str.find); without one it falls
+    back to the regex engine's scan, several times slower on a big log."""
+    for rule in RULES:
+        for pattern in rule.log_patterns:
+            assert len(literal_prefix(pattern)) >= 4, f"{rule.id}: {pattern.pattern}"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "prefix"),
+    [
+        (r"cuda_runtime_api\.h'?:? (file not found|No such file)", "cuda_runtime_api.h"),
+        (r"ninja \.+ \[FAIL\]", "ninja "),
+        (r"hipify\(\) got an", "hipify() got an"),
+        (r"Bus error\b", "Bus error"),
+        (r"(HIP|CUDA) version", ""),
+        (r"\bword", ""),
+        (r"abc*", "ab"),
+    ],
+)
+def test_literal_prefix(pattern: str, prefix: str) -> None:
+    assert literal_prefix(re.compile(pattern)) == prefix
+    assert literal_prefix(re.compile(pattern, re.IGNORECASE)) == ""

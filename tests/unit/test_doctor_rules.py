@@ -23,6 +23,7 @@ from doctor_inputs import (
 
 from mlstack_ds.detect.model import DeepSpeedInfo, GpuAgent, RocmInstall, TorchInfo
 from mlstack_ds.doctor.engine import run_rules
+from mlstack_ds.doctor.jitlocks import JitLock, JitLockScan
 from mlstack_ds.doctor.model import DoctorInput, Finding
 from mlstack_ds.doctor.rules import RULES, rule_by_id
 
@@ -71,6 +72,19 @@ def gpu_less_build_host(**env_vars: str) -> DoctorInput:
     return make_input(make_env(gpus=[], env_vars=env_vars), NO_AMD)
 
 
+EXT = "/home/u/.cache/torch_extensions/py311_rocm62"
+
+
+def jit_locks(*owners: tuple[int, ...], unreadable: int = 0) -> DoctorInput:
+    """One cpu_adam lock per entry of `owners` (pids building it; () for a killed build)."""
+    locks = tuple(JitLock(f"{EXT}/op{n}/lock", f"op{n}", 3 * 3600.0, pids) for n, pids in enumerate(owners))
+    return make_input(facts=healthy_facts(jit_locks=JitLockScan(EXT, locks, unreadable)))
+
+
+def mi210s_with(**env_vars: str) -> DoctorInput:
+    return make_input(make_env(gpus_from(MI210X4), env_vars=env_vars, rocm=rocm("6.2.4")))
+
+
 # rule id -> a machine that has the problem
 TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
     "MLS-TORCH-001": lambda: make_input(make_env(torch=None)),
@@ -87,8 +101,14 @@ TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
     "MLS-ENV-001": lambda: make_input(make_env(gpus_from(RX7900, "11.0.0"),
                                               env_vars={"HSA_OVERRIDE_GFX_VERSION": "11.0.0"})),
     "MLS-ENV-002": spoofed_mi210,
-    "MLS-ENV-003": lambda: make_input(make_env(env_vars={"DS_ACCELERATOR": "rocm"})),
+    "MLS-ENV-003": lambda: make_input(make_env(env_vars={"DS_ACCELERATOR": "cpu"})),
     "MLS-ENV-004": spoofed_680m,
+    "MLS-ENV-005": lambda: make_input(make_env(env_vars={"DS_ACCELERATOR": "rocm"})),
+    "MLS-ENV-006": lambda: make_input(make_env(env_vars={"DS_BUILD_OPS": "1"})),
+    "MLS-ARCH-003": lambda: make_input(make_env(env_vars={"PYTORCH_ROCM_ARCH": "gfx1100;gfx90a"})),
+    "MLS-ROCM-004": lambda: make_input(facts=healthy_facts(rocm_env_missing=("ROCM_PATH=/opt/rocm-9.9",))),
+    "MLS-GPU-003": lambda: mi210s_with(HIP_VISIBLE_DEVICES="4"),
+    "MLS-BUILD-006": lambda: jit_locks(()),
     "MLS-ROCM-001": lambda: make_input(make_env(rocm=rocm("5.4.3"))),
     "MLS-ROCM-002": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("5.6.1"))),
     "MLS-ROCM-003": lambda: make_input(make_env(torch=rocm_torch("2.6.0a0+git90b83a9")),
@@ -132,6 +152,12 @@ SILENT: dict[str, Callable[[], DoctorInput]] = {
     "MLS-ENV-002": spoofed_680m,  # same family, same wave size
     "MLS-ENV-003": lambda: make_input(make_env(env_vars={"DS_ACCELERATOR": "cuda"})),
     "MLS-ENV-004": spoofed_mi210,  # MLS-ENV-002 speaks instead
+    "MLS-ENV-005": lambda: make_input(make_env(env_vars={"DS_ACCELERATOR": "cpu"})),  # accepted (ENV-003's)
+    "MLS-ENV-006": lambda: make_input(make_env(env_vars={"DS_BUILD_OPS": "0"})),  # what mlstack-ds sets
+    "MLS-ARCH-003": lambda: mi210s_with(PYTORCH_ROCM_ARCH="gfx90a;gfx942:sramecc+:xnack-"),  # both wave64
+    "MLS-ROCM-004": make_input,
+    "MLS-GPU-003": lambda: mi210s_with(HIP_VISIBLE_DEVICES="3,1"),
+    "MLS-BUILD-006": lambda: jit_locks((4242,)),  # a build in progress
     "MLS-ROCM-001": lambda: make_input(make_env(rocm=rocm("5.5.0"))),
     "MLS-ROCM-002": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("5.7.1"))),
     "MLS-ROCM-003": lambda: make_input(facts=healthy_facts(rocm_info_version_file=False)),  # +rocm6.2 suffix
@@ -227,7 +253,11 @@ def test_unparseable_override_is_reported() -> None:
 
 
 def test_ds_accelerator_rocm_raises_value_error_but_cpu_only_misroutes() -> None:
-    assert "ValueError" in findings_of(TRIGGERS["MLS-ENV-003"]())["MLS-ENV-003"].evidence
+    rejected = findings_of(TRIGGERS["MLS-ENV-005"]())
+    assert "MLS-ENV-003" not in rejected  # one finding per mistake
+    assert rejected["MLS-ENV-005"].evidence.endswith(
+        "`ValueError: DS_ACCELERATOR must be one of ['cuda', 'cpu', 'xpu', 'npu', 'mps', 'hpu', 'mlu', 'sdaa', "
+        "'supa']. Value \"rocm\" is not supported`")
     cpu = findings_of(make_input(make_env(env_vars={"DS_ACCELERATOR": "cpu"})))["MLS-ENV-003"]
     assert "cpu accelerator" in cpu.evidence
 
@@ -281,3 +311,62 @@ def test_gfx1201_before_rocm_6_4_is_too_old() -> None:
 def test_unknown_python_include_dir_is_not_reported_as_missing_headers() -> None:
     facts = healthy_facts(python_headers=False, python_include=None)
     assert "MLS-BUILD-003" not in findings_of(make_input(facts=facts))
+
+
+@pytest.mark.parametrize("value", ["", "CUDA", "cuda ", "hip"])
+def test_ds_accelerator_is_compared_raw_like_deepspeed_does(value: str) -> None:
+    """real_accelerator.py: `"DS_ACCELERATOR" in os.environ`, then an exact list lookup; even a CPU box."""
+    inp = make_input(make_env(gpus=[], torch=CPU_TORCH, env_vars={"DS_ACCELERATOR": value}), NO_AMD)
+    assert f"DS_ACCELERATOR={value!r}" in findings_of(inp)["MLS-ENV-005"].evidence
+
+
+def test_ds_build_ops_is_a_warning_from_the_environment_and_an_error_from_a_log() -> None:
+    assert findings_of(TRIGGERS["MLS-ENV-006"]())["MLS-ENV-006"].severity == "warning"
+    assert rule_by_id("MLS-ENV-006").severity == "error"
+    cpu_box = make_input(make_env(gpus=[], torch=CPU_TORCH, env_vars={"DS_BUILD_OPS": "1"}), NO_AMD)
+    assert "MLS-ENV-006" not in findings_of(cpu_box)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("gfx1100;gfx90a", "targets mix wave32 and wave64 GPUs: wave32: gfx1100; wave64: gfx90a"),
+        ("gfx90a;sm_80", "PYTORCH_ROCM_ARCH='gfx90a;sm_80': 'sm_80' is not a known GPU target"),
+        ("gfx9999", "PYTORCH_ROCM_ARCH='gfx9999': 'gfx9999' is not a known GPU target"),
+        (";", "PYTORCH_ROCM_ARCH=';': no GPU target given"),
+    ],
+)
+def test_rocm_arch_refused_with_the_plans_own_words(value: str, message: str) -> None:
+    from mlstack_ds.errors import UsageError
+    from mlstack_ds.targets import select_rocm_targets
+
+    finding = findings_of(mi210s_with(PYTORCH_ROCM_ARCH=value))["MLS-ARCH-003"]
+    assert finding.evidence == message
+    with pytest.raises(UsageError) as refused:  # the plan says the same
+        select_rocm_targets(mi210s_with(PYTORCH_ROCM_ARCH=value).env, None)
+    assert refused.value.message == message
+    assert finding.fix[0] == refused.value.hint
+
+
+@pytest.mark.parametrize(
+    ("value", "hides_all"),
+    [
+        ("4", True), ("-1", True), ("0,0", True), ("GPU-ffffffffffffffff", True), ("", True),
+        ("0", False), ("3,1", False), ("1,-1,0", False), ("GPU-3644c2b4f8c805bb", False),
+        ("GPU-29273e62", False),  # a unique prefix, as CUDA allows
+    ],
+)
+def test_hip_visible_devices_read_like_torch(value: str, hides_all: bool) -> None:
+    found = findings_of(mi210s_with(HIP_VISIBLE_DEVICES=value))
+    assert ("MLS-GPU-003" in found) is hides_all
+    if hides_all:
+        assert "0 (gfx90a, GPU-29273e62ca00396c)" in found["MLS-GPU-003"].evidence
+
+
+def test_stale_jit_lock_fix_removes_exactly_the_ownerless_locks() -> None:
+    finding = findings_of(jit_locks((), (77,), ()))["MLS-BUILD-006"]
+    assert finding.fix[0] == f"rm -f {EXT}/op0/lock {EXT}/op2/lock"
+    assert "op1" not in finding.evidence
+    assert "(op op0, 3 h old)" in finding.evidence
+    noted = findings_of(jit_locks((), unreadable=5))["MLS-BUILD-006"]
+    assert "5 process(es) of other users not inspected" in noted.evidence

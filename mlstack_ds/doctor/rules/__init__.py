@@ -8,9 +8,11 @@ from mlstack_ds.doctor.rules import (
     deepspeed_rules,
     device_rules,
     env_rules,
+    jit_rules,
     log_rules,
     system_rules,
     torch_rules,
+    variable_rules,
 )
 
 
@@ -30,7 +32,9 @@ RULES: tuple[Rule, ...] = _registry(
     torch_rules.RULES,
     device_rules.RULES,
     env_rules.RULES,
+    variable_rules.RULES,
     build_rules.RULES,
+    jit_rules.RULES,
     deepspeed_rules.RULES,
     system_rules.RULES,
     log_rules.RULES,

@@ -56,8 +56,10 @@ RULES: tuple[Rule, ...] = (
         symptom="`ds_report` shows `ninja .... [FAIL]`; JIT-compiled ops cannot load "
         "(\"JIT compiled ops requires ninja\").",
         fix=("pip install ninja   # or: apt-get install ninja-build",),
-        source="ds_report fixtures (`JIT compiled ops requires ninja`)",
+        source="ds_report fixtures (`JIT compiled ops requires ninja`); DeepSpeed 0.19.5 deepspeed/env_report.py "
+        "(`ninja` + 18 dots + `[FAIL]` in red when torch's is_ninja_available() is false)",
         check=no_ninja,
+        log_patterns=(re.compile(r"ninja \.+ \[FAIL\]"),),
     ),
     Rule(
         id="MLS-BUILD-003", severity="error", title="Python development headers are missing",

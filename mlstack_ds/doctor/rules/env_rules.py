@@ -9,8 +9,7 @@ from packaging.version import InvalidVersion, Version
 from mlstack_ds import gfx
 from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
 from mlstack_ds.doctor.rules.common import amd_gpus, env_value, rocm_target, rocm_torch
-
-SUPPORTED_DS_ACCELERATORS = ("cuda", "cpu", "xpu", "npu", "mps", "hpu", "mlu", "sdaa", "supa")  # DS 0.19.5
+from mlstack_ds.doctor.rules.variable_rules import SUPPORTED_DS_ACCELERATORS
 
 
 def _override(inp: DoctorInput) -> tuple[str, str | None] | None:
@@ -74,14 +73,11 @@ def override_in_effect(inp: DoctorInput) -> Hit | None:
 
 
 def ds_accelerator_not_cuda(inp: DoctorInput) -> Hit | None:
+    """An accepted accelerator other than cuda on ROCm; values DeepSpeed rejects are MLS-ENV-005's."""
     value = env_value(inp, "DS_ACCELERATOR")
-    if value is None or value == "cuda" or not rocm_target(inp):
+    if value is None or value == "cuda" or value not in SUPPORTED_DS_ACCELERATORS or not rocm_target(inp):
         return None
-    if value not in SUPPORTED_DS_ACCELERATORS:
-        why = "DeepSpeed raises `ValueError: DS_ACCELERATOR must be one of ...`"
-    else:
-        why = f"DeepSpeed will use its {value} accelerator, not the GPU"
-    return Hit(f"DS_ACCELERATOR={value} on ROCm: {why}")
+    return Hit(f"DS_ACCELERATOR={value} on ROCm: DeepSpeed will use its {value} accelerator, not the GPU")
 
 
 def rocm_too_old_for_gpu(inp: DoctorInput) -> Hit | None:
@@ -146,8 +142,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="MLS-ENV-003", severity="error", title="DS_ACCELERATOR is not `cuda` on ROCm",
-        symptom="DeepSpeed's ROCm support lives in its `cuda` accelerator; `rocm` raises "
-        "`ValueError: DS_ACCELERATOR must be one of [...]`, `cpu` builds CPU ops (`oneapi/ccl.hpp`).",
+        symptom="DeepSpeed's ROCm support lives in its `cuda` accelerator; `cpu` builds CPU ops "
+        "(`oneapi/ccl.hpp`) and runs nothing on the GPU (values DeepSpeed rejects: MLS-ENV-005).",
         fix=("export DS_ACCELERATOR=cuda   # or unset it",),
         source="F12 (DS_ACCELERATOR=cuda for ROCm builds; accelerator/real_accelerator.py)",
         check=ds_accelerator_not_cuda,

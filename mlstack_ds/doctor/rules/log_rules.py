@@ -22,7 +22,7 @@ RULES: tuple[Rule, ...] = (
         fix=("build only the ops you need (DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 ...), never "
              "DS_BUILD_OPS=1 on ROCm", "or: mlstack-ds install"),
         source="F11 (deepspeedai/DeepSpeed#3304, ROCm/apex#102)",
-        log_patterns=(re.compile(r"'?cuda_runtime_api\.h'?:? (file not found|No such file)"),),
+        log_patterns=(re.compile(r"cuda_runtime_api\.h'?:? (file not found|No such file)"),),
     ),
     Rule(
         id="MLS-LOG-003", severity="error", title="DeepSpeed built for its CPU accelerator (oneCCL) on ROCm",
@@ -62,5 +62,29 @@ RULES: tuple[Rule, ...] = (
              "or leave that op out of the build (DS_BUILD_<OP>=0)"),
         source="F06 (deepspeedai/DeepSpeed#3091, PR #6456, PR #7224)",
         log_patterns=(re.compile(r"CUDA_HOME does not exist, unable to compile CUDA op"),),
+    ),
+    Rule(
+        id="MLS-LOG-008", severity="error", title="An op failed to compile (torch JIT or DS_BUILD_*)",
+        symptom="`RuntimeError: Error building extension '<op>'`: ninja failed; the cause is the first "
+        "`error:` line of the compiler output above it (other MLS-LOG rules name the known ones).",
+        fix=("search the log above for the first 'error:' line; rerun doctor with the whole log (--log)",
+             "load the op verbosely: python -c \"import deepspeed.ops.op_builder as b; "
+             "b.CPUAdamBuilder().load(verbose=True)\"   # the op named in the error",
+             "mlstack-ds install   # prebuilt ops for this torch and GPU: no JIT at run time"),
+        source="torch cpp_extension _run_ninja_build (`error_prefix`); deepspeedai/DeepSpeed#3094, #889, #5429, "
+        "#4513 (cpu_adam JIT with hipcc on ROCm)",
+        log_patterns=(re.compile(r"Error building extension '[^']+'"),),
+    ),
+    Rule(
+        id="MLS-LOG-009", severity="error", title="A prebuilt or JIT-cached op does not match this torch",
+        symptom="`ImportError: .../torch_extensions/.../<op>.so: undefined symbol: _ZN...`: the op was "
+        "built against another torch (a C++ ABI change), and torch's JIT cache or the DeepSpeed install "
+        "still holds the old library.",
+        fix=("rm -rf ~/.cache/torch_extensions/py*_*/<op>   # the op's cached build; it is rebuilt on next load",
+             "if the .so is inside site-packages/deepspeed: mlstack-ds install --force"),
+        source="deepspeedai/DeepSpeed#3410 (fused_adam.so: undefined symbol "
+        "_ZN3c104cuda20CUDACachingAllocator9allocatorE); huggingface/transformers#12715, PR #12723 "
+        "(clear ~/.cache/torch_extensions after an upgrade)",
+        log_patterns=(re.compile(r"ImportError: \S*(torch_extensions|deepspeed)\S*\.so: undefined symbol: _Z"),),
     ),
 )

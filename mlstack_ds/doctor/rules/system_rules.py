@@ -50,12 +50,17 @@ RULES: tuple[Rule, ...] = (
     Rule(
         id="MLS-SYS-001", severity="warning", title="/dev/shm is too small for multi-rank runs",
         symptom="Containers default to a 64 MB /dev/shm; NCCL/RCCL and DataLoader workers fail or hang "
-        "(`/dev/shm size might be too small`).",
+        "(`/dev/shm size might be too small`), or die with `Bus error` when a shared-memory page cannot be "
+        "backed.",
         fix=("docker run --shm-size=16g ...   # or --ipc=host",
              "on a host: mount -o remount,size=16G /dev/shm"),
-        source="DeepSpeed's ds_report shm check (deepspeed/env_report.py); F22/F23 multi-rank hangs",
+        source="DeepSpeed's ds_report shm check (deepspeed/env_report.py); F22/F23 multi-rank hangs; "
+        "msr-fiddle/pipedream#28 (`Unexpected bus error encountered in worker`), sgl-project/sglang#38638 "
+        "(`Bus error (core dumped)` from a full /dev/shm), NVIDIA/nccl#342",
         check=shm_too_small,
-        log_patterns=(re.compile(r"/dev/shm size might be too small"),),
+        log_patterns=(re.compile(r"/dev/shm size might be too small"), re.compile(r"Bus error\b"),
+                      re.compile(r"bus error encountered in worker"),
+                      re.compile(r"Error while creating shared memory segment")),
     ),
     Rule(
         id="MLS-SYS-002", severity="warning", title="Low locked-memory limit (ulimit -l)",
@@ -77,5 +82,17 @@ RULES: tuple[Rule, ...] = (
         source="F22 (ROCm/rccl#1129, ROCm/rccl#1026, ROCm/vllm#390), F23",
         check=iommu_not_passthrough,
         log_patterns=(re.compile(r'Missing "iommu=pt"'),),
+    ),
+    Rule(
+        id="MLS-NET-002", severity="error", title="NCCL/RCCL failed with `unhandled system error`",
+        symptom="`NCCL error ... unhandled system error` (ncclSystemError) at the first collective, usually "
+        "`deepspeed.initialize`'s broadcast: a system call failed, most often creating its /dev/shm segment "
+        "in a container (64 MB default), sometimes a socket or the network interface.",
+        fix=("docker run --shm-size=16g ...   # or --ipc=host",
+             "NCCL_DEBUG=INFO deepspeed ...   # the line before the error names the failed call",
+             "if it is a socket: export NCCL_SOCKET_IFNAME=<the interface the ranks share>"),
+        source="huggingface/transformers#11658 (DeepSpeed, 'No space left on device'), NVIDIA/nccl#473 (fixed "
+        "by --ipc=host), ROCm/rccl#328 (the same error from RCCL), deepspeedai/DeepSpeed#4002 (--shm-size)",
+        log_patterns=(re.compile(r"unhandled system error"),),
     ),
 )
