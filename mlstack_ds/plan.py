@@ -20,7 +20,7 @@ from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.versions import major_minor
 from mlstack_ds.errors import EnvironmentProblem, UsageError
 from mlstack_ds.targets import cuda_arch_list, refuse_targets_torch_lacks, select_rocm_targets
-from mlstack_ds.toolchain import Toolchain
+from mlstack_ds.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX, Toolchain, hint_from
 
 PLAN_SCHEMA = 1
 
@@ -122,8 +122,7 @@ def make_plan(
         if environment.rocm and environment.rocm.root:
             env["ROCM_HOME"] = environment.rocm.root
         if not toolchain.hipcc:
-            raise EnvironmentProblem("hipcc not found (needed to compile the ROCm ops)",
-                                     hint="install ROCm's HIP SDK (hip-dev/hipcc) or set ROCM_PATH")
+            raise EnvironmentProblem("hipcc not found (needed to compile the ROCm ops)", hint=hint_from(HIPCC_FIX))
     elif platform == "cuda":
         arch_list = cuda_arch_list(environment)
         if arch_list:
@@ -133,18 +132,18 @@ def make_plan(
             raise EnvironmentProblem("nvcc not found (needed to compile the CUDA ops)",
                                      hint="install the CUDA toolkit matching torch, or set CUDA_HOME")
     if toolchain.python_headers is False:
-        raise EnvironmentProblem(
-            f"Python headers (Python.h) missing for {environment.python.executable}",
-            hint="install them: apt-get install python3-dev (or your distribution's python-devel)",
-        )
+        raise EnvironmentProblem(f"Python headers (Python.h) missing for {environment.python.executable}",
+                                 hint=hint_from(PYTHON_HEADERS_FIX))
     if not toolchain.cxx:
-        raise EnvironmentProblem("no C++ compiler found", hint="install one: apt-get install g++ (or build-essential)")
+        named = environment.env.get("CXX")
+        raise EnvironmentProblem(f"the C++ compiler CXX={named} is not found" if named else
+                                 "no C++ compiler found (none of c++, g++, clang++ on PATH)", hint=hint_from(CXX_FIX))
 
     decisions = []
     for op in build.ops:
         on, reason = op.build, op.reason
         if on and op.requires == "libaio" and not toolchain.libaio_headers:
-            on, reason = False, "skipped: libaio headers not found (apt-get install libaio-dev)"
+            on, reason = False, f"skipped: libaio headers not found ({hint_from(LIBAIO_FIX)})"
         decisions.append(OpDecision(op.name, op.flag, on, reason))
         env[op.flag] = "1" if on else "0"
     jobs = options.jobs or max(1, cpu_count if cpu_count is not None else (os.cpu_count() or 1))

@@ -23,6 +23,7 @@ TRACKED_ENV_VARS: tuple[str, ...] = (
     "HIP_PLATFORM",
     "TORCH_CUDA_ARCH_LIST",
     "DS_BUILD_OPS",
+    "CXX",
 )
 
 

@@ -29,10 +29,11 @@ from mlstack_ds.install import InstalledState, check_health
 from mlstack_ds.integrity import RECORD_LOCATOR, check_files
 from mlstack_ds.receipt import ReceiptError, read_receipt, receipt_path
 from mlstack_ds.runner import Background, run_in_background, which
+from mlstack_ds.toolchain import CXX_NAMES, find_cxx, has_libaio_headers
 
 MARKER = "MLSTACK_FACTS_JSON:"
 FACTS_TIMEOUT_S = 60.0
-COMPILERS = ("c++", "g++", "clang++")
+COMPILERS = CXX_NAMES
 
 # Runs in the target interpreter: no torch, no deepspeed import (fast, and safe when they are broken).
 FACTS_SCRIPT = r"""
@@ -93,8 +94,13 @@ class SystemFacts:
     jit_locks: JitLockScan | None = None  # torch JIT build locks, with their live owners
     warnings: tuple[str, ...] = ()
 
+    cxx: str | None = None  # toolchain.find_cxx: what a build uses ($CXX, else c++/g++/clang++)
+    cxx_variable: str | None = None  # $CXX as set
+
     @property
     def cxx_compiler(self) -> str | None:
+        if self.cxx_variable or self.cxx:
+            return self.cxx
         return next((self.tools[c] for c in COMPILERS if self.tools.get(c)), None)
 
 
@@ -140,7 +146,9 @@ def collect_facts(
         python_headers=headers,
         target_prefix=target.prefix,
         nvidia_packages=target.nvidia_packages,
-        libaio_headers=_has_libaio_headers(root, environ),
+        libaio_headers=has_libaio_headers(environ, root),
+        cxx=find_cxx(environ),
+        cxx_variable=environ.get("CXX") or None,
         ds_build=ds_build,
         receipt_path=str(receipt) if receipt else None,
         receipt_exists=bool(receipt and receipt.is_file()),
@@ -243,15 +251,6 @@ def rocm_env_missing(environ: Mapping[str, str]) -> tuple[str, ...]:
     as given; detect silently falls back to /opt/rocm, which hides the mistake)."""
     return tuple(f"{name}={environ[name]}" for name in ("ROCM_PATH", "ROCM_HOME")
                  if environ.get(name) and not Path(environ[name]).is_dir())
-
-
-def _has_libaio_headers(root: Path, environ: Mapping[str, str]) -> bool:
-    """libaio.h where a compiler looks by default, or in a dir given by CFLAGS -I / CPATH."""
-    dirs = [root / "usr" / "include", root / "usr" / "local" / "include"]
-    for var in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
-        dirs += [Path(d) for d in environ.get(var, "").split(os.pathsep) if d]
-    dirs += [Path(flag[2:]) for flag in environ.get("CFLAGS", "").split() if flag.startswith("-I")]
-    return any((d / "libaio.h").is_file() for d in dirs)
 
 
 def _rocm_home(environ: Mapping[str, str], rocm_root: Path | None, hipcc: str | None) -> str | None:

@@ -13,11 +13,13 @@ from doctor_inputs import make_env
 from mlstack_ds.deepspeed_build import parse_git_version_info
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo
 from mlstack_ds.doctor.facts import (
+    TargetPython,
     collect_facts,
     kfd_native_archs,
     parse_gfx_target_version,
     probe_target_python,
 )
+from mlstack_ds.toolchain import probe_toolchain
 
 # In the format DeepSpeed 0.19.5's setup.py writes it (setup.py, "git_version_info_installed.py").
 GIT_VERSION_INFO = (
@@ -158,3 +160,25 @@ def test_a_broken_target_interpreter_becomes_a_warning(tmp_path: Path) -> None:
     assert (target.include_dir, target.prefix, target.nvidia_packages) == (None, None, ())
     assert "exited with 1" in target.warnings[0]
     assert "init_fs_encoding" in target.warnings[0]
+
+
+def test_install_and_doctor_agree_on_the_compiler_and_libaio(tmp_path: Path) -> None:
+    """One facts layer (toolchain.py): $CXX (also clang++), and libaio.h through C_INCLUDE_PATH, count
+    for both the plan and doctor; an unresolvable $CXX fails both."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    clang = bin_dir / "clang++"
+    clang.write_text("#!/bin/sh\n")
+    clang.chmod(0o755)
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "libaio.h").write_text("")
+    environ = {"PATH": str(bin_dir), "CXX": "clang++", "C_INCLUDE_PATH": str(include)}
+    toolchain = probe_toolchain(environ, None)
+    facts = collect_facts(make_env(), environ=environ, root=tmp_path, target=TargetPython(None, None, ()))
+    assert toolchain.cxx == facts.cxx_compiler == str(clang)
+    assert toolchain.libaio_headers and facts.libaio_headers
+    missing = {"PATH": str(bin_dir), "CXX": "g++-99"}
+    assert probe_toolchain(missing, None).cxx is None
+    assert collect_facts(make_env(), environ=missing, root=tmp_path,
+                         target=TargetPython(None, None, ())).cxx_compiler is None

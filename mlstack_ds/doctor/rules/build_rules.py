@@ -6,6 +6,7 @@ import re
 
 from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
 from mlstack_ds.doctor.rules.common import rocm_torch
+from mlstack_ds.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX
 
 
 def no_hipcc(inp: DoctorInput) -> Hit | None:
@@ -31,6 +32,8 @@ def no_python_headers(inp: DoctorInput) -> Hit | None:
 def no_cxx_compiler(inp: DoctorInput) -> Hit | None:
     if inp.facts.cxx_compiler:
         return None
+    if inp.facts.cxx_variable:
+        return Hit(f"CXX={inp.facts.cxx_variable} is not found (a build would use it)")
     return Hit("none of c++, g++, clang++ is on PATH")
 
 
@@ -46,8 +49,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         id="MLS-BUILD-001", severity="error", title="hipcc / ROCM_HOME not found",
         symptom="torch's cpp_extension cannot find ROCm: every HIP op fails to build or JIT.",
-        fix=("install the ROCm development packages (hipcc, rocm-dev)",
-             "export ROCM_PATH=/opt/rocm-<X.Y.Z>   # where bin/hipcc lives"),
+        fix=HIPCC_FIX,
         source="F05/F06 (ROCm paths not found; ops that need a ROCm/CUDA home crash)",
         check=no_hipcc,
     ),
@@ -64,7 +66,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         id="MLS-BUILD-003", severity="error", title="Python development headers are missing",
         symptom="Op builds fail with `fatal error: Python.h: No such file or directory`.",
-        fix=("apt-get install python3-dev   # or python3.X-dev / python3-devel for the target interpreter",),
+        fix=PYTHON_HEADERS_FIX,
         source="issue #7 build prerequisites (no catalogue entry): torch's cpp_extension compiles every "
         "op against the target interpreter's headers",
         check=no_python_headers,
@@ -72,7 +74,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         id="MLS-BUILD-004", severity="error", title="No C++ compiler",
         symptom="Every op build fails before the first file compiles.",
-        fix=("apt-get install build-essential   # or: dnf install gcc-c++",),
+        fix=CXX_FIX,
         source="issue #7 build prerequisites; F04/F15 (cpu_adam and other CPU ops are compiled with "
         "the host C++ compiler)",
         check=no_cxx_compiler,
@@ -81,8 +83,7 @@ RULES: tuple[Rule, ...] = (
         id="MLS-BUILD-005", severity="info",
         title="libaio headers are missing: async_io (NVMe offload) unavailable",
         symptom="`async_io requires the dev libaio .so object and headers but these were not found.`",
-        fix=("apt-get install libaio-dev   # or: dnf/yum install libaio-devel",
-             "DeepSpeed >= 0.16.4 is needed for async_io on ROCm"),
+        fix=(*LIBAIO_FIX, "DeepSpeed >= 0.16.4 is needed for async_io on ROCm"),
         source="F14 (every ROCm ds_report in the corpus)",
         check=no_libaio_headers,
         log_patterns=(re.compile(r"async_io requires the dev libaio"),),
