@@ -20,6 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchdoc import replace_section
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
 SECTION = "## doctor"
@@ -64,18 +67,6 @@ def render_section(result: dict) -> str:
     )
 
 
-def replace_section(document: str, section: str) -> str:
-    """Swap our `## doctor` section in place (other sections belong to other benchmarks)."""
-    lines = document.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        prefix = document if document.endswith("\n") or not document else document + "\n"
-        return prefix + ("\n" if prefix else "") + section
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -98,7 +89,7 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     if not args.no_write:
         existing = BENCHMARKS.read_text(encoding="utf-8") if BENCHMARKS.exists() else "# Benchmarks\n"
-        BENCHMARKS.write_text(replace_section(existing, render_section(result)), encoding="utf-8")
+        BENCHMARKS.write_text(replace_section(existing, SECTION, render_section(result)), encoding="utf-8")
     return 0
 
 

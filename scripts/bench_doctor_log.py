@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchdoc import replace_section
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
 SECTION = "## doctor --log"
@@ -138,18 +141,6 @@ def render_section(result: dict) -> str:
     )
 
 
-def replace_section(document: str, section: str) -> str:
-    """Swap our section in place (other sections belong to other benchmarks)."""
-    lines = document.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        prefix = document if document.endswith("\n") or not document else document + "\n"
-        return prefix + ("\n" if prefix else "") + section
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=700)
@@ -187,7 +178,7 @@ def main() -> int:
         print(section)
         if not args.no_write:
             text = BENCHMARKS.read_text(encoding="utf-8") if BENCHMARKS.exists() else "# Benchmarks\n"
-            BENCHMARKS.write_text(replace_section(text, section), encoding="utf-8")
+            BENCHMARKS.write_text(replace_section(text, SECTION, section), encoding="utf-8")
     finally:
         if not args.keep:
             log.unlink(missing_ok=True)

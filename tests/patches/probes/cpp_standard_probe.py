@@ -18,16 +18,8 @@ import sys
 import tempfile
 
 import torch
+from fake_rocm_torch import FAKE_ROCM_ROOT, cpp_extension  # noqa: F401  (first: torch acts as ROCm)
 
-torch.version.hip = "6.2.41134-65d174c3e"  # torch.version.hip of a ROCm 6.2 wheel
-from torch.utils import cpp_extension  # noqa: E402
-
-FAKE_ROCM_ROOT = tempfile.mkdtemp(prefix="fake-rocm-")
-os.makedirs(os.path.join(FAKE_ROCM_ROOT, ".info"))
-with open(os.path.join(FAKE_ROCM_ROOT, ".info", "version"), "w") as version_file:
-    version_file.write("6.2.4-120\n")
-cpp_extension.ROCM_HOME = FAKE_ROCM_ROOT  # what torch computes at import on a ROCm build
-cpp_extension.IS_HIP_EXTENSION = True
 os.environ["PYTORCH_ROCM_ARCH"] = "gfx90a"  # torch's HIP flags want a target; no GPU here
 
 # Builders whose ROCm nvcc_args() come from CUDAOpBuilder, and fused_adam, which passes no -std at all

@@ -14,20 +14,9 @@ import shutil
 import sys
 import tempfile
 
-import torch
-
-torch.version.hip = "6.2.41134-65d174c3e"  # torch.version.hip of a ROCm 6.2 wheel
-from torch.utils import cpp_extension  # noqa: E402
-
-FAKE_ROCM_ROOT = tempfile.mkdtemp(prefix="fake-rocm-")
-os.makedirs(os.path.join(FAKE_ROCM_ROOT, ".info"))
-with open(os.path.join(FAKE_ROCM_ROOT, ".info", "version"), "w") as version_file:
-    version_file.write("6.2.4-120\n")
-cpp_extension.ROCM_HOME = FAKE_ROCM_ROOT  # what torch computes at import on a ROCm build
-cpp_extension.IS_HIP_EXTENSION = True
-
-from op_builder.builder import OpBuilder  # noqa: E402
-from op_builder.fused_lamb import FusedLambBuilder  # noqa: E402
+from fake_rocm_torch import FAKE_ROCM_ROOT, cpp_extension  # noqa: F401  (first: torch acts as ROCm)
+from op_builder.builder import OpBuilder
+from op_builder.fused_lamb import FusedLambBuilder
 
 TREE = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["op_builder"].__file__)))
 BASE_ENV = dict(os.environ)
