@@ -36,11 +36,14 @@ class MlstackError(Exception):
     exit_code: ExitCode = ExitCode.BUG
 
     def __init__(self, message: str, hint: str = "", exit_code: ExitCode | None = None,
-                 details: dict[str, object] | None = None) -> None:
+                 details: dict[str, object] | None = None, reported: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.details = details or {}
+        # The command already printed its --json document, and it says what failed (a verify report,
+        # a patch check): the error adds its line on stderr, never a second document on stdout.
+        self.reported = reported
         if exit_code is not None:
             self.exit_code = exit_code
 

@@ -150,7 +150,7 @@ def _fail(err: Console, exc: MlstackError, json_mode: bool) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(exc.message)}")
     if exc.hint:
         err.print(f"[dim]hint:[/] {escape(exc.hint)}")
-    if json_mode:
+    if json_mode and not exc.reported:
         try:
             sys.stdout.write(json.dumps(exc.to_json(), indent=2, default=str) + "\n")
             sys.stdout.flush()

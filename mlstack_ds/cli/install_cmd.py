@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
             raise VerifyFailed(
                 f"DeepSpeed was installed, but {len(failed)} verify check(s) failed: {', '.join(failed)}",
                 hint=f"details: mlstack-ds verify --python {plan.target_python}; "
-                "`mlstack-ds rollback` restores the previous DeepSpeed",
+                "`mlstack-ds rollback` restores the previous DeepSpeed", reported=json_output,
             )
         if json_output:
             return

@@ -96,7 +96,8 @@ def register(app: typer.Typer) -> None:
         if result.conflicting:
             names = ", ".join(r.name for r in result.conflicting)
             raise PatchError(f"{len(result.conflicting)} of {len(result.results)} patches conflict: {names}",
-                             hint="the tree is not the pinned release, or a patch needs refreshing")
+                             hint="the tree is not the pinned release, or a patch needs refreshing",
+                             reported=json_output)
 
     @patches.command("apply")
     def apply(
@@ -156,4 +157,5 @@ def register(app: typer.Typer) -> None:
                     output.out.print(f"  {escape(line)}")
         count = sum(len(v) for v in problems.values())
         if count:
-            raise PatchError(f"{count} lint problem(s) in the patch series", hint="fix the listed patches")
+            raise PatchError(f"{count} lint problem(s) in the patch series", hint="fix the listed patches",
+                             reported=json_output)

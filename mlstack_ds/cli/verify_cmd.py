@@ -58,4 +58,5 @@ def register(app: typer.Typer) -> None:
         if not report.ok:
             failed = [c.name for c in report.checks if c.status == "fail"]
             raise VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}",
-                               hint="see the reasons above; --only CHECK --isolate reruns one on its own")
+                               hint="see the reasons above; --only CHECK --isolate reruns one on its own",
+                               reported=json_output)
