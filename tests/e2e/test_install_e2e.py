@@ -182,7 +182,7 @@ def test_bad_inputs_fail_with_one_line_and_code(installed_target: Target, tmp_pa
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     cases = [
-        (["--arch", "gfx9999"], 2, "unknown GPU target"),
+        (["--arch", "gfx9999"], 2, "is not a known GPU target"),
         (["--jobs", "0"], 2, "--jobs 0"),
         (["--cache-dir", str(not_a_dir / "cache")], 4, "not writable"),
     ]
