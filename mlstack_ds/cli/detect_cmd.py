@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from mlstack_ds.cli.options import JsonOption, PythonOption
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect import Environment, detect
 
@@ -15,10 +14,8 @@ from mlstack_ds.detect import Environment, detect
 def register(app: typer.Typer) -> None:
     @app.command("detect")
     def detect_command(
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout, nothing else."),
-        python: Path | None = typer.Option(
-            None, "--python", help="Interpreter (or venv directory) that will get DeepSpeed. Default: this one."
-        ),
+        json_output: JsonOption = False,
+        python: PythonOption = None,
         tool_timeout: float = typer.Option(
             30.0, "--tool-timeout", min=0.1, help="Seconds each ROCm/NVIDIA tool may take before it counts as hung."
         ),

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from mlstack_ds.cli.options import JsonOption, PythonOption, RecipeOption
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.doctor import Diagnosis, diagnose
 from mlstack_ds.doctor.dsconfig import read_nvme_offload
@@ -22,10 +23,6 @@ from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
-PythonOption = Annotated[
-    str | None, typer.Option("--python", help="Target interpreter or venv (default: this one).")
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 LogOption = Annotated[
     Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output (- reads stdin).")
 ]
@@ -83,15 +80,17 @@ def register(app: typer.Typer) -> None:
         report: ReportOption = False,
         ds_config: DsConfigOption = None,
         sys_root: SysRootOption = Path("/"),
+        recipe: RecipeOption = DEFAULT_RECIPE,
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
+        min_rocm = find_recipe(recipe).min_rocm  # a bad --recipe is refused before anything is probed
         log_findings = _match_log(log) if log is not None else []
         nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
         diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,
-                             min_rocm=find_recipe(DEFAULT_RECIPE).min_rocm)
+                             min_rocm=min_rocm)
         if json_output:
             output.emit_json(diagnosis.to_dict())
         elif report:

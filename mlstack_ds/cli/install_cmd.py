@@ -13,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mlstack_ds.build import BuildProgress
+from mlstack_ds.cli.options import DEFAULT_RECIPE, DEFAULT_SOURCE, JsonOption, PythonOption, RecipeOption, SourceOption
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, VerifyFailed
@@ -22,8 +23,6 @@ from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
 from mlstack_ds.targets import TARGET_SOURCE_TEXT
 from mlstack_ds.verify.report import render_table
-
-PYTHON_HELP = "Interpreter (or venv directory) that gets DeepSpeed. Default: the one running mlstack-ds."
 
 
 @contextlib.contextmanager
@@ -42,21 +41,21 @@ def build_interrupt_says_nothing_changed() -> Iterator[None]:
 def register(app: typer.Typer) -> None:
     @app.command("install")
     def install_command(
-        deepspeed_version: str = typer.Option("0.19.5", "--deepspeed-version", help="Pinned release (a recipe)."),
-        source: str = typer.Option("pypi", "--source", help="git | pypi | http(s) URL of an sdist | local path."),
+        recipe: RecipeOption = DEFAULT_RECIPE,
+        source: SourceOption = DEFAULT_SOURCE,
         git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
         git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
         sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
         arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. "
                                         "Default: $PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
+        python: PythonOption = None,
         jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
                                               "(default $XDG_CACHE_HOME/mlstack-ds)."),
         no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
         no_verify: bool = typer.Option(False, "--no-verify", help="Skip `mlstack-ds verify` after installing."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        json_output: JsonOption = False,
         force: bool = typer.Option(False, "--force", help="Reinstall even if the same plan is installed and healthy."),
         rebuild: bool = typer.Option(False, "--rebuild", help="Also rebuild the wheel instead of reusing the cache."),
     ) -> None:
@@ -67,7 +66,7 @@ def register(app: typer.Typer) -> None:
         """
         output = make_output(json_output)
         request = InstallRequest(
-            deepspeed_version=deepspeed_version, source=source, git_url=git_url, git_commit=git_commit,
+            deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
             sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
             verify=not no_verify, force=force, rebuild=rebuild,
         )
@@ -107,22 +106,21 @@ def register(app: typer.Typer) -> None:
 
     @app.command("build")
     def build_command(
-        deepspeed_version: str = typer.Option("0.19.5", "--deepspeed-version", help="Pinned release (a recipe)."),
-        source: str = typer.Option("pypi", "--source", help="git | pypi | http(s) URL of an sdist | local path."),
+        recipe: RecipeOption = DEFAULT_RECIPE,
+        source: SourceOption = DEFAULT_SOURCE,
         git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
         git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
         sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
         arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx90a,gfx942. Default: "
                                         "$PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
-        python: Path | None = typer.Option(None, "--python", help="Interpreter (or venv) whose torch the ops are "
-                                           "built against. Default: the one running mlstack-ds."),
+        python: PythonOption = None,
         jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
                                               "(default $XDG_CACHE_HOME/mlstack-ds)."),
         wheel_dir: Path | None = typer.Option(None, "--wheel-dir", help="Also copy the wheel into this directory."),
         no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        json_output: JsonOption = False,
         rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the wheel instead of reusing the cache."),
     ) -> None:
         """Build the DeepSpeed wheel with prebuilt ops and stop: nothing is installed.
@@ -133,7 +131,7 @@ def register(app: typer.Typer) -> None:
         """
         output = make_output(json_output)
         request = InstallRequest(
-            deepspeed_version=deepspeed_version, source=source, git_url=git_url, git_commit=git_commit,
+            deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
             sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
             verify=False, rebuild=rebuild,
         )
@@ -165,8 +163,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("status")
     def status_command(
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        python: PythonOption = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Show what mlstack-ds installed into an environment (the receipt) and whether it still holds."""
         output = make_output(json_output)
@@ -206,8 +204,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("rollback")
     def rollback_command(
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        python: PythonOption = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
         output = make_output(json_output)
@@ -217,8 +215,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("uninstall")
     def uninstall_command(
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        python: PythonOption = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Remove the DeepSpeed that mlstack-ds installed; one it did not install is skipped (exit 0), like pip."""
         output = make_output(json_output)

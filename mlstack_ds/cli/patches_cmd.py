@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from mlstack_ds.cli.options import JsonOption, RecipeOption
 from mlstack_ds.console import make_output
 from mlstack_ds.errors import PatchError, UsageError
 from mlstack_ds.patches import (
@@ -26,9 +27,7 @@ from mlstack_ds.resources import data_dir
 
 _STYLE = {PatchState.APPLIES: "green", PatchState.ALREADY_APPLIED: "cyan", PatchState.CONFLICTS: "red"}
 
-RecipeOpt = Annotated[str, typer.Option("--recipe", help="Recipe name or .toml path.")]
 SeriesOpt = Annotated[Path | None, typer.Option("--series", help="This series file, not the recipe's.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The tree (default ./deepspeed-VERSION).")]
 
 
@@ -62,7 +61,7 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("list")
     def list_(
-        recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOpt = False
+        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOption = False
     ) -> None:
         """The series in order, with subjects and the files each patch touches."""
         output = make_output(json_output)
@@ -83,8 +82,8 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("check")
     def check(
-        tree: TreeOpt = None, recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None,
-        json_output: JsonOpt = False,
+        tree: TreeOpt = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Check every patch against a tree: applies / already applied / conflicts (exit 5 on conflicts)."""
         output = make_output(json_output)
@@ -100,8 +99,8 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("apply")
     def apply(
-        tree: TreeOpt = None, recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None,
-        json_output: JsonOpt = False,
+        tree: TreeOpt = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Apply the whole series (one commit per patch, reproducible) or nothing (exit 5)."""
         output = make_output(json_output)
@@ -118,7 +117,7 @@ def register(app: typer.Typer) -> None:
     @patches.command("status")
     def status(
         tree: Annotated[Path, typer.Option("--tree", help="Any DeepSpeed tree, e.g. your own checkout.")],
-        recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOpt = False,
+        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOption = False,
     ) -> None:
         """Report a tree's state against the series (read-only, exit 0)."""
         output = make_output(json_output)
@@ -137,7 +136,7 @@ def register(app: typer.Typer) -> None:
     def lint(
         directories: Annotated[list[Path] | None, typer.Argument(
             help="Patch directories (default: all shipped).")] = None,
-        json_output: JsonOpt = False,
+        json_output: JsonOption = False,
     ) -> None:
         """Lint patch directories: parse, paths, binary hunks, header fields, series completeness."""
         output = make_output(json_output)

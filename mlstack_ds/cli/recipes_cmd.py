@@ -8,10 +8,10 @@ import typer
 from rich.table import Table
 
 from mlstack_ds.buildspec import parse_platform
+from mlstack_ds.cli.options import JsonOption, RecipeOption
 from mlstack_ds.console import make_output
+from mlstack_ds.errors import UsageError
 from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
 def recipe_document(recipe: Recipe) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(recipes, name="recipes")
 
     @recipes.command("list")
-    def list_(json_output: JsonOpt = False) -> None:
+    def list_(json_output: JsonOption = False) -> None:
         """List the shipped recipes."""
         output = make_output(json_output)
         found = list_recipes()
@@ -48,12 +48,16 @@ def register(app: typer.Typer) -> None:
 
     @recipes.command("show")
     def show(
-        name: Annotated[str, typer.Argument(help="Recipe name or .toml path.")] = DEFAULT_RECIPE,
-        json_output: JsonOpt = False,
+        name: Annotated[str | None, typer.Argument(
+            metavar="NAME|VERSION|PATH", help="The recipe (same as --recipe).", show_default=False)] = None,
+        recipe_option: RecipeOption = DEFAULT_RECIPE,
+        json_output: JsonOption = False,
     ) -> None:
         """Show one recipe: the pin and the patch series it uses."""
+        if name is not None and recipe_option not in (DEFAULT_RECIPE, name):
+            raise UsageError(f"two recipes given: {name} and --recipe {recipe_option}", hint="give one")
         output = make_output(json_output)
-        recipe = find_recipe(name)
+        recipe = find_recipe(name if name is not None else recipe_option)
         document = recipe_document(recipe)
         builds = [parse_platform(p, table, str(recipe.path)) for p, table in recipe.platforms.items()]
         if json_output:
