@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from mlstack_ds.cli.options import JsonOption, PythonOption, RecipeOption
-from mlstack_ds.console import Output, make_output
+from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.doctor import Diagnosis, diagnose
 from mlstack_ds.doctor.dsconfig import read_nvme_offload
 from mlstack_ds.doctor.logs import match_log_stream
@@ -53,19 +52,17 @@ def _match_log(path: Path) -> list[Finding]:
 
 
 def _render_table(diagnosis: Diagnosis, output: Output) -> None:
+    """One record per finding; `print_records` keeps every fix command whole on its line."""
     if not diagnosis.findings:
         output.out.print("[green]No problems found.[/]")
         return
-    table = Table(show_lines=True, title="mlstack-ds doctor")
-    for column in ("Severity", "Rule", "Problem", "Fix"):
-        table.add_column(column, overflow="fold")
-    for f in diagnosis.findings:
-        problem = f"[bold]{escape(f.title)}[/]\n{escape(f.evidence)}\n[dim]{escape(f.docs)}[/]"
-        if f.origin == "log":
-            problem = "[dim](from log)[/] " + problem
-        fix = "\n".join(escape(step) for step in f.fix)
-        table.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.rule_id, problem, fix)
-    output.out.print(table)
+    rows = [
+        (f.rule_id, Text(f.severity, style=_STYLE[f.severity]), ("(from log) " if f.origin == "log" else "") + f.title,
+         f.evidence, f.docs, list(f.fix))
+        for f in diagnosis.findings
+    ]
+    print_records(output.out, ("rule", "severity", "problem", "evidence", "docs", "fix"), rows,
+                  title="mlstack-ds doctor")
     counts = {s: sum(f.severity == s for f in diagnosis.findings) for s in _STYLE}
     output.status(", ".join(f"{n} {s}(s)" for s, n in counts.items()))
 

@@ -10,11 +10,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from mlstack_ds.build import BuildProgress
 from mlstack_ds.cli.options import DEFAULT_RECIPE, DEFAULT_SOURCE, JsonOption, PythonOption, RecipeOption, SourceOption
-from mlstack_ds.console import Output, make_output
+from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, VerifyFailed
 from mlstack_ds.install import check_health, probe_installed, rollback, uninstall
@@ -22,7 +22,7 @@ from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_build, run
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
 from mlstack_ds.targets import TARGET_SOURCE_TEXT
-from mlstack_ds.verify.report import render_table
+from mlstack_ds.verify.report import render_report
 
 
 @contextlib.contextmanager
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
             output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
                               "verify": report.to_json() if report else None})
         elif report is not None:
-            output.out.print(render_table(report))
+            render_report(report, output.out)
         if report is not None and not report.ok:
             failed = [c.name for c in report.checks if c.status == "fail"]
             raise VerifyFailed(
@@ -186,18 +186,17 @@ def register(app: typer.Typer) -> None:
                              + (f" (DeepSpeed {state.deepspeed_version} is installed by something else)"
                                 if state.deepspeed_version else ""))
             return
-        table = Table.grid(padding=(0, 2))
-        for key in ("deepspeed_version", "source", "source_commit", "platform", "archs", "ops", "torch_version",
-                    "installed_at", "wheel"):
-            table.add_row(key, escape(str(getattr(receipt, key))))
-        table.add_row("patches", ", ".join(p["name"] for p in receipt.patches) or "none")
-        table.add_row("previous", str(receipt.previous.deepspeed_version or "none"))
-        table.add_row("state", "[green]intact[/]" if intact else "[red]changed since install[/]")
+        rows: list[tuple[str, Cell]] = [
+            (key, str(getattr(receipt, key))) for key in ("deepspeed_version", "source", "source_commit", "platform",
+                                                          "archs", "ops", "torch_version", "installed_at", "wheel")]
+        rows.append(("patches", [p["name"] for p in receipt.patches] or ["none"]))
+        rows.append(("previous", str(receipt.previous.deepspeed_version or "none")))
+        rows.append(("state", Text("intact", style="green") if intact else Text("changed since install", style="red")))
         if health is not None and health.files is not None and health.files.ok:
-            table.add_row("files", f"{health.files.checked} match RECORD")
-        for problem in health.problems if health else ():
-            table.add_row("", f"[red]{escape(problem)}[/]")
-        output.out.print(table)
+            rows.append(("files", f"{health.files.checked} match RECORD"))
+        if health is not None and health.problems:
+            rows.append(("problem", list(health.problems)))
+        print_records(output.out, ("", ""), rows, keyed=True)
         if not intact:
             output.warn("`mlstack-ds install --force` reinstalls what the receipt describes; "
                         "`mlstack-ds rollback` restores the previous DeepSpeed")
@@ -238,26 +237,25 @@ def _report_change(output: Output, json_output: bool, interpreter: str, action: 
 
 
 def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
-    """The plan as tables on `console`; its notes are warnings (stderr) either way."""
-    head = Table.grid(padding=(0, 2))
-    head.add_column(no_wrap=True)
-    head.add_column(overflow="fold")  # patch names and flags are copied by users: never cut them short
-    head.add_row("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {plan.source_pin[:12]})")
-    head.add_row("patches", "\n".join(p.name for p in plan.patches) or "none")
-    head.add_row("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})")
+    """The plan on `console` (a table only where it fits whole); its notes are warnings (stderr) either way.
+    Patch names and flags are copied by users: `print_records` never cuts them short."""
+    head: list[tuple[str, Cell]] = [
+        ("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {plan.source_pin[:12]})"),
+        ("patches", [p.name for p in plan.patches] or ["none"]),
+        ("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})"),
+    ]
     if plan.archs:
-        head.add_row("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else "")
-                     + (f", from {TARGET_SOURCE_TEXT[plan.targets_source]}" if plan.targets_source else ""))
-    head.add_row("python", f"{plan.target_python} (torch {plan.torch_version})")
-    head.add_row("cache key", plan.cache_key)
-    head.add_row("build env", escape(" ".join(f"{key}={value}" for key, value in plan.env.items())))
-    console.print(head)
-    ops = Table(title="ops", title_justify="left")
-    for column in ("op", "build", "why"):
-        ops.add_column(column)
-    for op in plan.ops:
-        ops.add_row(op.name, "[green]yes[/]" if op.build else "no", escape(op.reason))
-    console.print(ops)
+        head.append(("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else "")
+                     + (f", from {TARGET_SOURCE_TEXT[plan.targets_source]}" if plan.targets_source else "")))
+    head += [
+        ("python", f"{plan.target_python} (torch {plan.torch_version})"),
+        ("cache key", plan.cache_key),
+        ("build env", " ".join(f"{key}={value}" for key, value in plan.env.items())),
+    ]
+    print_records(console, ("", ""), head, keyed=True)
+    print_records(console, ("op", "build", "why"),
+                  [(op.name, Text("yes", style="green") if op.build else "no", op.reason) for op in plan.ops],
+                  title="ops")
     for note in plan.notes:
         output.warn(escape(note))
 

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from mlstack_ds.cli.options import JsonOption, RecipeOption
-from mlstack_ds.console import make_output
+from mlstack_ds.console import make_output, print_records
 from mlstack_ds.errors import PatchError, UsageError
 from mlstack_ds.patches import (
     PatchState,
@@ -47,12 +48,10 @@ def check_document(check: SeriesCheck) -> dict[str, Any]:
     }
 
 
-def _check_table(check: SeriesCheck) -> Table:
-    table = Table("patch", "state", "details")
-    for r in check.results:
-        details = "\n".join(escape(c.describe()) for c in r.conflicts) or escape(r.subject)
-        table.add_row(r.name, f"[{_STYLE[r.state]}]{r.state.value}[/]", details)
-    return table
+def _print_check(check: SeriesCheck, console: Console) -> None:
+    rows = [(r.name, Text(r.state.value, style=_STYLE[r.state]),
+             [c.describe() for c in r.conflicts] or [r.subject]) for r in check.results]
+    print_records(console, ("patch", "state", "details"), rows)
 
 
 def register(app: typer.Typer) -> None:
@@ -75,10 +74,8 @@ def register(app: typer.Typer) -> None:
         if not loaded.patches:
             output.out.print(f"{loaded.series_file}: the series is empty")
             return
-        table = Table("patch", "subject", "files")
-        for p in loaded.patches:
-            table.add_row(p.name, escape(p.subject), "\n".join(p.files))
-        output.out.print(table)
+        print_records(output.out, ("patch", "subject", "files"),
+                      [(p.name, p.subject, list(p.files)) for p in loaded.patches])
 
     @patches.command("check")
     def check(
@@ -91,7 +88,7 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json(check_document(result))
         else:
-            output.out.print(_check_table(result))
+            _print_check(result, output.out)
         if result.conflicting:
             names = ", ".join(r.name for r in result.conflicting)
             raise PatchError(f"{len(result.conflicting)} of {len(result.results)} patches conflict: {names}",
@@ -128,9 +125,8 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json({**summary, **check_document(result.check)})
             return
-        for key, value in summary.items():
-            output.out.print(f"{key}: {value}")
-        output.out.print(_check_table(result.check))
+        print_records(output.out, ("", ""), [(key, str(value)) for key, value in summary.items()], keyed=True)
+        _print_check(result.check, output.out)
 
     @patches.command("lint")
     def lint(

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from mlstack_ds.buildspec import parse_platform
 from mlstack_ds.cli.options import JsonOption, RecipeOption
-from mlstack_ds.console import make_output
+from mlstack_ds.console import make_output, print_records
 from mlstack_ds.errors import UsageError
 from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
 
@@ -41,10 +40,8 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json([recipe_document(r) for r in found])
             return
-        table = Table("recipe", "version", "git tag", "commit", "min ROCm")
-        for r in found:
-            table.add_row(r.name, r.version, r.git.tag, r.git.commit[:12], r.min_rocm)
-        output.out.print(table)
+        print_records(output.out, ("recipe", "version", "git tag", "commit", "min ROCm"),
+                      [(r.name, r.version, r.git.tag, r.git.commit, r.min_rocm) for r in found])
 
     @recipes.command("show")
     def show(
@@ -63,18 +60,17 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json(document)
             return
+        pin: list[tuple[str, str]] = []
         for key, value in document.items():
             if key == "platforms":
                 continue
             if isinstance(value, dict):
-                for sub, item in value.items():
-                    output.out.print(f"{key}.{sub}: {item}")
+                pin += [(f"{key}.{sub}", str(item)) for sub, item in value.items()]
             else:
-                output.out.print(f"{key}: {value}")
+                pin.append((key, str(value)))
+        print_records(output.out, ("", ""), pin, keyed=True)
         for build in builds:
-            ops = Table("op", "build", "DS_BUILD flag", "why", title=f"{build.platform} (DS_ACCELERATOR="
-                        f"{build.accelerator})", title_justify="left")
-            for op in build.ops:
-                needs = f" (needs {op.requires})" if op.requires else ""
-                ops.add_row(op.name, "yes" if op.build else "no", op.flag, op.reason + needs)
-            output.out.print(ops)
+            rows = [(op.name, "yes" if op.build else "no", op.flag,
+                     op.reason + (f" (needs {op.requires})" if op.requires else "")) for op in build.ops]
+            print_records(output.out, ("op", "build", "DS_BUILD flag", "why"), rows,
+                          title=f"{build.platform} (DS_ACCELERATOR={build.accelerator})")

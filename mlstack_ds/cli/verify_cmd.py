@@ -12,7 +12,7 @@ from mlstack_ds.console import make_output
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import VerifyFailed
 from mlstack_ds.verify.checks import CHECK_NAMES
-from mlstack_ds.verify.report import render_table
+from mlstack_ds.verify.report import render_report
 from mlstack_ds.verify.suite import DEFAULT_TIMEOUT_S, VerifyOptions, run_verify
 
 VERIFY_HELP = (
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json(report.to_json())
         else:
-            output.out.print(render_table(report))
+            render_report(report, output.out)
         if not report.ok:
             failed = [c.name for c in report.checks if c.status == "fail"]
             raise VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}",
