@@ -1,6 +1,9 @@
 """Where output goes: data to stdout (exactly one JSON document with `--json`), everything else to stderr.
 
-Consoles are made per command invocation and passed down, so there is no module-level state.
+Consoles are made per command invocation and passed down. The one piece of process state is whether
+stdout already has its JSON document: a command whose result is itself a failure (`verify` with a failed
+check, `patches check` with a conflict) prints its document with the error inside, and `cli/app.py` then
+must not print a second one (`--json` output is exactly one document, also on failure).
 
 Tabular data goes through `print_records`, the one place that decides between a table and plain lines:
 users copy paths, patch names and fix commands out of this output and grep it, so a value is never cut
@@ -19,6 +22,15 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+from mlstack_ds.errors import MlstackError
+
+_emitted: list[bool] = []  # appended to by emit_json; read by cli/app.py (see the module docstring)
+
+
+def json_document_emitted() -> bool:
+    """Whether this process already printed its JSON document on stdout."""
+    return bool(_emitted)
 
 # One table cell: plain text (never markup), styled text, or several values (one per line in a table).
 Cell = str | Text | Sequence[str]
@@ -39,8 +51,12 @@ class Output:
     def warn(self, message: str) -> None:
         self.err.print(f"[yellow]warning:[/] {message}", highlight=False)
 
-    def emit_json(self, document: Any) -> None:
-        """Print one JSON document on stdout, unstyled."""
+    def emit_json(self, document: Any, error: MlstackError | None = None) -> None:
+        """Print one JSON document on stdout, unstyled; with `error`, the document also carries the
+        `"error"` entry of the failure about to be raised (which then prints no document of its own)."""
+        if error is not None:
+            document = {**document, **error.to_json()}
+        _emitted.append(True)
         sys.stdout.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
 

@@ -26,6 +26,7 @@ from rich.markup import escape
 
 from mlstack_ds import __version__
 from mlstack_ds.cli import detect_cmd, doctor_cmd, fetch_cmd, install_cmd, patches_cmd, recipes_cmd, verify_cmd
+from mlstack_ds.console import json_document_emitted
 from mlstack_ds.errors import ExitCode, Interrupted, MlstackError, UsageError
 
 EXIT_CODES_HELP = (
@@ -150,7 +151,7 @@ def _fail(err: Console, exc: MlstackError, json_mode: bool) -> NoReturn:
     err.print(f"[bold red]error:[/] {escape(exc.message)}")
     if exc.hint:
         err.print(f"[dim]hint:[/] {escape(exc.hint)}")
-    if json_mode:
+    if json_mode and not json_document_emitted():  # a result document already carries the error
         try:
             sys.stdout.write(json.dumps(exc.to_json(), indent=2, default=str) + "\n")
             sys.stdout.flush()

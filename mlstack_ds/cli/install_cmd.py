@@ -83,18 +83,21 @@ def register(app: typer.Typer) -> None:
         with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
             outcome = run_install(prepared, request, output, progress)
         report = outcome.verify
-        if json_output:
-            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
-                              "verify": report.to_json() if report else None})
-        elif report is not None:
-            render_report(report, output.out)
+        failure = None
         if report is not None and not report.ok:
             failed = [c.name for c in report.checks if c.status == "fail"]
-            raise VerifyFailed(
+            failure = VerifyFailed(
                 f"DeepSpeed was installed, but {len(failed)} verify check(s) failed: {', '.join(failed)}",
                 hint=f"details: mlstack-ds verify --python {plan.target_python}; "
                 "`mlstack-ds rollback` restores the previous DeepSpeed",
             )
+        if json_output:
+            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
+                              "verify": report.to_json() if report else None}, error=failure)
+        elif report is not None:
+            render_report(report, output.out)
+        if failure is not None:
+            raise failure
         if json_output:
             return
         if outcome.action == "up-to-date":

@@ -85,14 +85,17 @@ def register(app: typer.Typer) -> None:
         """Check every patch against a tree: applies / already applied / conflicts (exit 5 on conflicts)."""
         output = make_output(json_output)
         result = check_series(tree or _default_tree(recipe), series_for_recipe(find_recipe(recipe), series))
-        if json_output:
-            output.emit_json(check_document(result))
-        else:
-            _print_check(result, output.out)
+        failure = None
         if result.conflicting:
             names = ", ".join(r.name for r in result.conflicting)
-            raise PatchError(f"{len(result.conflicting)} of {len(result.results)} patches conflict: {names}",
-                             hint="the tree is not the pinned release, or a patch needs refreshing")
+            failure = PatchError(f"{len(result.conflicting)} of {len(result.results)} patches conflict: {names}",
+                                 hint="the tree is not the pinned release, or a patch needs refreshing")
+        if json_output:
+            output.emit_json(check_document(result), error=failure)
+        else:
+            _print_check(result, output.out)
+        if failure is not None:
+            raise failure
 
     @patches.command("apply")
     def apply(
@@ -142,13 +145,15 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(f"{directory}: not a directory",
                                  hint="pass patch directories such as patches/deepspeed-0.19.5")
         problems = {str(d): [str(p) for p in lint_patch_dir(d)] for d in dirs}
+        count = sum(len(v) for v in problems.values())
+        failure = PatchError(f"{count} lint problem(s) in the patch series", hint="fix the listed patches") \
+            if count else None
         if json_output:
-            output.emit_json(problems)
+            output.emit_json(problems, error=failure)
         else:
             for directory, found in problems.items():
                 output.out.print(f"{directory}: {'ok' if not found else f'{len(found)} problem(s)'}")
                 for line in found:
                     output.out.print(f"  {escape(line)}")
-        count = sum(len(v) for v in problems.values())
-        if count:
-            raise PatchError(f"{count} lint problem(s) in the patch series", hint="fix the listed patches")
+        if failure is not None:
+            raise failure

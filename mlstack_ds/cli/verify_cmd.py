@@ -49,11 +49,14 @@ def register(app: typer.Typer) -> None:
                           hostfile=hostfile, isolate=isolate),
             status=output.status,
         )
-        if json_output:
-            output.emit_json(report.to_json())
-        else:
-            render_report(report, output.out)
+        failure = None
         if not report.ok:
             failed = [c.name for c in report.checks if c.status == "fail"]
-            raise VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}",
-                               hint="see the reasons above; --only CHECK --isolate reruns one on its own")
+            failure = VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}",
+                                   hint="see the reasons above; --only CHECK --isolate reruns one on its own")
+        if json_output:
+            output.emit_json(report.to_json(), error=failure)
+        else:
+            render_report(report, output.out)
+        if failure is not None:
+            raise failure

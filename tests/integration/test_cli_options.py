@@ -110,3 +110,14 @@ def test_fetch_and_install_default_to_the_same_source(tmp_path: Path) -> None:
                   PIP_NO_INDEX="1", PIP_FIND_LINKS="")
     assert "from pypi ..." in fetched.stderr.splitlines()[0]
     assert fetched.returncode == 4, fetched.stderr
+
+
+def test_a_failing_result_is_still_one_json_document(tmp_path: Path) -> None:
+    """`patches lint --json` with problems: its report with the error inside, not two documents."""
+    (tmp_path / "series").write_text("0001-missing.patch\n")
+    result = cli("patches", "lint", str(tmp_path), "--json")
+    assert result.returncode == 5, result.stderr
+    document = json.loads(result.stdout)  # exactly one document
+    assert document[str(tmp_path)] and document["error"]["exit_code"] == 5
+    assert document["error"]["message"].endswith("lint problem(s) in the patch series")
+    assert result.stderr.splitlines()[0].startswith("error: ")
