@@ -78,8 +78,7 @@ def prepare(request: InstallRequest) -> Prepared:
     """Everything up to the plan; touches nothing (this is `install --dry-run`)."""
     if request.jobs is not None and request.jobs < 1:
         raise UsageError(f"--jobs {request.jobs}: must be at least 1", hint="e.g. --jobs 4")
-    version = request.deepspeed_version.removeprefix("deepspeed-")  # "0.19.5" or the recipe's name
-    recipe = find_recipe(f"deepspeed-{version}")
+    recipe = find_recipe(request.deepspeed_version)  # a version ("0.19.5"), a recipe's name or its file
     spec = parse_source_spec(request.source, git_url=request.git_url, git_commit=request.git_commit,
                              sha256=request.sha256)
     check_local_source(spec)

@@ -85,11 +85,14 @@ def load_recipe(path: Path) -> Recipe:
 
 
 def find_recipe(name_or_path: str | Path = DEFAULT_RECIPE) -> Recipe:
-    """A shipped recipe by name (`deepspeed-0.19.5`), or a recipe file by path."""
+    """A shipped recipe by name (`deepspeed-0.19.5`) or by version (`0.19.5`, what `--deepspeed-version`
+    always took), or a recipe file by path."""
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml" or candidate.is_file():
         return load_recipe(candidate)
     shipped = recipes_dir() / f"{name_or_path}.toml"
+    if not shipped.is_file() and "/" not in str(name_or_path):
+        shipped = recipes_dir() / f"deepspeed-{name_or_path}.toml"
     if not shipped.is_file():
         names = ", ".join(p.stem for p in sorted(recipes_dir().glob("*.toml"))) or "none"
         raise RecipeError(f"no recipe named {name_or_path!r}", hint=f"available recipes: {names}")

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from mlstack_ds.console import Output, make_output
+from mlstack_ds.cli.options import JsonOption, PythonOption
+from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.detect import Environment, detect
 
 
 def register(app: typer.Typer) -> None:
     @app.command("detect")
     def detect_command(
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout, nothing else."),
-        python: Path | None = typer.Option(
-            None, "--python", help="Interpreter (or venv directory) that will get DeepSpeed. Default: this one."
-        ),
+        json_output: JsonOption = False,
+        python: PythonOption = None,
         tool_timeout: float = typer.Option(
             30.0, "--tool-timeout", min=0.1, help="Seconds each ROCm/NVIDIA tool may take before it counts as hung."
         ),
@@ -41,44 +37,35 @@ def _gib(size: int | None) -> str:
 
 
 def render(environment: Environment, output: Output) -> None:
-    summary = Table.grid(padding=(0, 2))
-    summary.add_column(style="bold")
-    summary.add_column()
-    summary.add_row("platform", environment.platform)
+    """The environment as a summary and a GPU table (`print_records`: plain lines when piped or narrow)."""
     rocm = environment.rocm
-    summary.add_row(
-        "ROCm",
-        "not found" if rocm is None
-        else f"{rocm.version or 'unknown version'}"
-        + (f" at {rocm.root}" if rocm.root else " (no ROCm root directory)")
-        + f", from {rocm.version_source or 'no source'}",
-    )
     torch = environment.torch
-    summary.add_row(
-        "PyTorch",
-        "not installed" if torch is None
-        else f"{torch.version} ({torch.build} build"
-        + (f", HIP {torch.hip}" if torch.hip else "")
-        + (f", CUDA {torch.cuda}" if torch.cuda else "")
-        + f", {torch.device_count} device(s))",
-    )
-    summary.add_row("Python", f"{environment.python.version} ({environment.python.executable})")
     ds = environment.deepspeed
-    summary.add_row("DeepSpeed", "not installed" if ds is None else ds.version)
-    output.out.print(summary)
+    summary: list[tuple[str, str]] = [
+        ("platform", environment.platform),
+        ("ROCm", "not found" if rocm is None
+         else f"{rocm.version or 'unknown version'}"
+         + (f" at {rocm.root}" if rocm.root else " (no ROCm root directory)")
+         + f", from {rocm.version_source or 'no source'}"),
+        ("PyTorch", "not installed" if torch is None
+         else f"{torch.version} ({torch.build} build"
+         + (f", HIP {torch.hip}" if torch.hip else "")
+         + (f", CUDA {torch.cuda}" if torch.cuda else "")
+         + f", {torch.device_count} device(s))"),
+        ("Python", f"{environment.python.version} ({environment.python.executable})"),
+        ("DeepSpeed", "not installed" if ds is None else ds.version),
+    ]
+    print_records(output.out, ("", ""), summary, keyed=True)
 
     if environment.gpus:
-        table = Table(title="GPUs", title_justify="left")
-        for column in ("#", "name", "arch", "target id", "family", "wave", "CUs", "VRAM", "kind", "node"):
-            table.add_column(column)
-        for gpu in environment.gpus:
-            kind = "integrated" if gpu.integrated else "discrete"
-            table.add_row(
-                str(gpu.index), escape(gpu.name), gpu.arch + (" (spoofed)" if gpu.spoofed else ""),
-                gpu.target_id, gpu.family, str(gpu.wavefront_size or "?"), str(gpu.compute_units or "?"),
-                _gib(gpu.vram_bytes), kind, "" if gpu.node is None else str(gpu.node),
-            )
-        output.out.print(table)
+        rows = [
+            (str(gpu.index), gpu.name, gpu.arch + (" (spoofed)" if gpu.spoofed else ""), gpu.target_id, gpu.family,
+             str(gpu.wavefront_size or "?"), str(gpu.compute_units or "?"), _gib(gpu.vram_bytes),
+             "integrated" if gpu.integrated else "discrete", "" if gpu.node is None else str(gpu.node))
+            for gpu in environment.gpus
+        ]
+        print_records(output.out, ("#", "name", "arch", "target id", "family", "wave", "CUs", "VRAM", "kind", "node"),
+                      rows, title="GPUs")
     else:
         output.out.print("GPUs: none visible")
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
-from mlstack_ds.console import Output, make_output
+from mlstack_ds.cli.options import JsonOption, PythonOption, RecipeOption
+from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.doctor import Diagnosis, diagnose
 from mlstack_ds.doctor.dsconfig import read_nvme_offload
 from mlstack_ds.doctor.logs import match_log_stream
@@ -22,10 +22,6 @@ from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
-PythonOption = Annotated[
-    str | None, typer.Option("--python", help="Target interpreter or venv (default: this one).")
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 LogOption = Annotated[
     Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output (- reads stdin).")
 ]
@@ -56,19 +52,17 @@ def _match_log(path: Path) -> list[Finding]:
 
 
 def _render_table(diagnosis: Diagnosis, output: Output) -> None:
+    """One record per finding; `print_records` keeps every fix command whole on its line."""
     if not diagnosis.findings:
         output.out.print("[green]No problems found.[/]")
         return
-    table = Table(show_lines=True, title="mlstack-ds doctor")
-    for column in ("Severity", "Rule", "Problem", "Fix"):
-        table.add_column(column, overflow="fold")
-    for f in diagnosis.findings:
-        problem = f"[bold]{escape(f.title)}[/]\n{escape(f.evidence)}\n[dim]{escape(f.docs)}[/]"
-        if f.origin == "log":
-            problem = "[dim](from log)[/] " + problem
-        fix = "\n".join(escape(step) for step in f.fix)
-        table.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.rule_id, problem, fix)
-    output.out.print(table)
+    rows = [
+        (f.rule_id, Text(f.severity, style=_STYLE[f.severity]), ("(from log) " if f.origin == "log" else "") + f.title,
+         f.evidence, f.docs, list(f.fix))
+        for f in diagnosis.findings
+    ]
+    print_records(output.out, ("rule", "severity", "problem", "evidence", "docs", "fix"), rows,
+                  title="mlstack-ds doctor")
     counts = {s: sum(f.severity == s for f in diagnosis.findings) for s in _STYLE}
     output.status(", ".join(f"{n} {s}(s)" for s, n in counts.items()))
 
@@ -83,15 +77,17 @@ def register(app: typer.Typer) -> None:
         report: ReportOption = False,
         ds_config: DsConfigOption = None,
         sys_root: SysRootOption = Path("/"),
+        recipe: RecipeOption = DEFAULT_RECIPE,
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
+        min_rocm = find_recipe(recipe).min_rocm  # a bad --recipe is refused before anything is probed
         log_findings = _match_log(log) if log is not None else []
         nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
         diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,
-                             min_rocm=find_recipe(DEFAULT_RECIPE).min_rocm)
+                             min_rocm=min_rocm)
         if json_output:
             output.emit_json(diagnosis.to_dict())
         elif report:

@@ -9,12 +9,10 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
+from mlstack_ds.cli.options import DEFAULT_SOURCE, JsonOption, RecipeOption, SourceOption
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
-
-RecipeOpt = Annotated[str, typer.Option("--recipe", help="Recipe name or .toml path.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
 def default_dest(recipe: Recipe) -> Path:
@@ -25,9 +23,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def fetch(
         *,
-        source: Annotated[str, typer.Option(
-            "--source", help="git | pypi | http(s) URL of a tarball | PATH (checkout, sdist dir or archive)."
-        )] = "git",
+        source: SourceOption = DEFAULT_SOURCE,
         dest: Annotated[Path | None, typer.Option(
             "--dest", help="Where the tree goes (default ./deepspeed-VERSION); must not exist or be empty."
         )] = None,
@@ -43,10 +39,10 @@ def register(app: typer.Typer) -> None:
         sha256: Annotated[str | None, typer.Option(
             "--sha256", help="Expected sha256 of a URL/PATH archive that is not the pinned sdist."
         )] = None,
-        recipe_name: RecipeOpt = DEFAULT_RECIPE,
-        json_output: JsonOpt = False,
+        recipe_name: RecipeOption = DEFAULT_RECIPE,
+        json_output: JsonOption = False,
     ) -> None:
-        """Fetch the pinned DeepSpeed source (git tag, PyPI sdist, tarball URL or local path)."""
+        """Fetch the pinned DeepSpeed source (PyPI sdist by default; git tag, tarball URL or local path)."""
         output = make_output(json_output)
         recipe = find_recipe(recipe_name)
         spec = parse_source_spec(source, git_url=git_url, git_commit=git_commit, sha256=sha256)

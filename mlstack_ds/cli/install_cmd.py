@@ -10,10 +10,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from mlstack_ds.build import BuildProgress
-from mlstack_ds.console import Output, make_output
+from mlstack_ds.cli.options import DEFAULT_RECIPE, DEFAULT_SOURCE, JsonOption, PythonOption, RecipeOption, SourceOption
+from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, VerifyFailed
 from mlstack_ds.install import check_health, probe_installed, rollback, uninstall
@@ -21,9 +22,7 @@ from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_build, run
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
 from mlstack_ds.targets import TARGET_SOURCE_TEXT
-from mlstack_ds.verify.report import render_table
-
-PYTHON_HELP = "Interpreter (or venv directory) that gets DeepSpeed. Default: the one running mlstack-ds."
+from mlstack_ds.verify.report import render_report
 
 
 @contextlib.contextmanager
@@ -42,21 +41,21 @@ def build_interrupt_says_nothing_changed() -> Iterator[None]:
 def register(app: typer.Typer) -> None:
     @app.command("install")
     def install_command(
-        deepspeed_version: str = typer.Option("0.19.5", "--deepspeed-version", help="Pinned release (a recipe)."),
-        source: str = typer.Option("pypi", "--source", help="git | pypi | http(s) URL of an sdist | local path."),
+        recipe: RecipeOption = DEFAULT_RECIPE,
+        source: SourceOption = DEFAULT_SOURCE,
         git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
         git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
         sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
         arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. "
                                         "Default: $PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
+        python: PythonOption = None,
         jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
                                               "(default $XDG_CACHE_HOME/mlstack-ds)."),
         no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
         no_verify: bool = typer.Option(False, "--no-verify", help="Skip `mlstack-ds verify` after installing."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        json_output: JsonOption = False,
         force: bool = typer.Option(False, "--force", help="Reinstall even if the same plan is installed and healthy."),
         rebuild: bool = typer.Option(False, "--rebuild", help="Also rebuild the wheel instead of reusing the cache."),
     ) -> None:
@@ -67,7 +66,7 @@ def register(app: typer.Typer) -> None:
         """
         output = make_output(json_output)
         request = InstallRequest(
-            deepspeed_version=deepspeed_version, source=source, git_url=git_url, git_commit=git_commit,
+            deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
             sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
             verify=not no_verify, force=force, rebuild=rebuild,
         )
@@ -84,18 +83,21 @@ def register(app: typer.Typer) -> None:
         with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
             outcome = run_install(prepared, request, output, progress)
         report = outcome.verify
-        if json_output:
-            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
-                              "verify": report.to_json() if report else None})
-        elif report is not None:
-            output.out.print(render_table(report))
+        failure = None
         if report is not None and not report.ok:
             failed = [c.name for c in report.checks if c.status == "fail"]
-            raise VerifyFailed(
+            failure = VerifyFailed(
                 f"DeepSpeed was installed, but {len(failed)} verify check(s) failed: {', '.join(failed)}",
                 hint=f"details: mlstack-ds verify --python {plan.target_python}; "
-                "`mlstack-ds rollback` restores the previous DeepSpeed", reported=json_output,
+                "`mlstack-ds rollback` restores the previous DeepSpeed",
             )
+        if json_output:
+            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
+                              "verify": report.to_json() if report else None}, error=failure)
+        elif report is not None:
+            render_report(report, output.out)
+        if failure is not None:
+            raise failure
         if json_output:
             return
         if outcome.action == "up-to-date":
@@ -107,22 +109,21 @@ def register(app: typer.Typer) -> None:
 
     @app.command("build")
     def build_command(
-        deepspeed_version: str = typer.Option("0.19.5", "--deepspeed-version", help="Pinned release (a recipe)."),
-        source: str = typer.Option("pypi", "--source", help="git | pypi | http(s) URL of an sdist | local path."),
+        recipe: RecipeOption = DEFAULT_RECIPE,
+        source: SourceOption = DEFAULT_SOURCE,
         git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
         git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
         sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
         arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx90a,gfx942. Default: "
                                         "$PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
-        python: Path | None = typer.Option(None, "--python", help="Interpreter (or venv) whose torch the ops are "
-                                           "built against. Default: the one running mlstack-ds."),
+        python: PythonOption = None,
         jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
                                               "(default $XDG_CACHE_HOME/mlstack-ds)."),
         wheel_dir: Path | None = typer.Option(None, "--wheel-dir", help="Also copy the wheel into this directory."),
         no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        json_output: JsonOption = False,
         rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the wheel instead of reusing the cache."),
     ) -> None:
         """Build the DeepSpeed wheel with prebuilt ops and stop: nothing is installed.
@@ -133,7 +134,7 @@ def register(app: typer.Typer) -> None:
         """
         output = make_output(json_output)
         request = InstallRequest(
-            deepspeed_version=deepspeed_version, source=source, git_url=git_url, git_commit=git_commit,
+            deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
             sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
             verify=False, rebuild=rebuild,
         )
@@ -165,8 +166,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("status")
     def status_command(
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        python: PythonOption = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Show what mlstack-ds installed into an environment (the receipt) and whether it still holds."""
         output = make_output(json_output)
@@ -188,26 +189,25 @@ def register(app: typer.Typer) -> None:
                              + (f" (DeepSpeed {state.deepspeed_version} is installed by something else)"
                                 if state.deepspeed_version else ""))
             return
-        table = Table.grid(padding=(0, 2))
-        for key in ("deepspeed_version", "source", "source_commit", "platform", "archs", "ops", "torch_version",
-                    "installed_at", "wheel"):
-            table.add_row(key, escape(str(getattr(receipt, key))))
-        table.add_row("patches", ", ".join(p["name"] for p in receipt.patches) or "none")
-        table.add_row("previous", str(receipt.previous.deepspeed_version or "none"))
-        table.add_row("state", "[green]intact[/]" if intact else "[red]changed since install[/]")
+        rows: list[tuple[str, Cell]] = [
+            (key, str(getattr(receipt, key))) for key in ("deepspeed_version", "source", "source_commit", "platform",
+                                                          "archs", "ops", "torch_version", "installed_at", "wheel")]
+        rows.append(("patches", [p["name"] for p in receipt.patches] or ["none"]))
+        rows.append(("previous", str(receipt.previous.deepspeed_version or "none")))
+        rows.append(("state", Text("intact", style="green") if intact else Text("changed since install", style="red")))
         if health is not None and health.files is not None and health.files.ok:
-            table.add_row("files", f"{health.files.checked} match RECORD")
-        for problem in health.problems if health else ():
-            table.add_row("", f"[red]{escape(problem)}[/]")
-        output.out.print(table)
+            rows.append(("files", f"{health.files.checked} match RECORD"))
+        if health is not None and health.problems:
+            rows.append(("problem", list(health.problems)))
+        print_records(output.out, ("", ""), rows, keyed=True)
         if not intact:
             output.warn("`mlstack-ds install --force` reinstalls what the receipt describes; "
                         "`mlstack-ds rollback` restores the previous DeepSpeed")
 
     @app.command("rollback")
     def rollback_command(
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        python: PythonOption = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
         output = make_output(json_output)
@@ -217,8 +217,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("uninstall")
     def uninstall_command(
-        python: Path | None = typer.Option(None, "--python", help=PYTHON_HELP),
-        json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+        python: PythonOption = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Remove the DeepSpeed that mlstack-ds installed; one it did not install is skipped (exit 0), like pip."""
         output = make_output(json_output)
@@ -240,26 +240,25 @@ def _report_change(output: Output, json_output: bool, interpreter: str, action: 
 
 
 def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
-    """The plan as tables on `console`; its notes are warnings (stderr) either way."""
-    head = Table.grid(padding=(0, 2))
-    head.add_column(no_wrap=True)
-    head.add_column(overflow="fold")  # patch names and flags are copied by users: never cut them short
-    head.add_row("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {plan.source_pin[:12]})")
-    head.add_row("patches", "\n".join(p.name for p in plan.patches) or "none")
-    head.add_row("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})")
+    """The plan on `console` (a table only where it fits whole); its notes are warnings (stderr) either way.
+    Patch names and flags are copied by users: `print_records` never cuts them short."""
+    head: list[tuple[str, Cell]] = [
+        ("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {plan.source_pin[:12]})"),
+        ("patches", [p.name for p in plan.patches] or ["none"]),
+        ("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})"),
+    ]
     if plan.archs:
-        head.add_row("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else "")
-                     + (f", from {TARGET_SOURCE_TEXT[plan.targets_source]}" if plan.targets_source else ""))
-    head.add_row("python", f"{plan.target_python} (torch {plan.torch_version})")
-    head.add_row("cache key", plan.cache_key)
-    head.add_row("build env", escape(" ".join(f"{key}={value}" for key, value in plan.env.items())))
-    console.print(head)
-    ops = Table(title="ops", title_justify="left")
-    for column in ("op", "build", "why"):
-        ops.add_column(column)
-    for op in plan.ops:
-        ops.add_row(op.name, "[green]yes[/]" if op.build else "no", escape(op.reason))
-    console.print(ops)
+        head.append(("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else "")
+                     + (f", from {TARGET_SOURCE_TEXT[plan.targets_source]}" if plan.targets_source else "")))
+    head += [
+        ("python", f"{plan.target_python} (torch {plan.torch_version})"),
+        ("cache key", plan.cache_key),
+        ("build env", " ".join(f"{key}={value}" for key, value in plan.env.items())),
+    ]
+    print_records(console, ("", ""), head, keyed=True)
+    print_records(console, ("op", "build", "why"),
+                  [(op.name, Text("yes", style="green") if op.build else "no", op.reason) for op in plan.ops],
+                  title="ops")
     for note in plan.notes:
         output.warn(escape(note))
 

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
-from mlstack_ds.console import make_output
+from mlstack_ds.cli.options import JsonOption, RecipeOption
+from mlstack_ds.console import make_output, print_records
 from mlstack_ds.errors import PatchError, UsageError
 from mlstack_ds.patches import (
     PatchState,
@@ -26,9 +28,7 @@ from mlstack_ds.resources import data_dir
 
 _STYLE = {PatchState.APPLIES: "green", PatchState.ALREADY_APPLIED: "cyan", PatchState.CONFLICTS: "red"}
 
-RecipeOpt = Annotated[str, typer.Option("--recipe", help="Recipe name or .toml path.")]
 SeriesOpt = Annotated[Path | None, typer.Option("--series", help="This series file, not the recipe's.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The tree (default ./deepspeed-VERSION).")]
 
 
@@ -48,12 +48,10 @@ def check_document(check: SeriesCheck) -> dict[str, Any]:
     }
 
 
-def _check_table(check: SeriesCheck) -> Table:
-    table = Table("patch", "state", "details")
-    for r in check.results:
-        details = "\n".join(escape(c.describe()) for c in r.conflicts) or escape(r.subject)
-        table.add_row(r.name, f"[{_STYLE[r.state]}]{r.state.value}[/]", details)
-    return table
+def _print_check(check: SeriesCheck, console: Console) -> None:
+    rows = [(r.name, Text(r.state.value, style=_STYLE[r.state]),
+             [c.describe() for c in r.conflicts] or [r.subject]) for r in check.results]
+    print_records(console, ("patch", "state", "details"), rows)
 
 
 def register(app: typer.Typer) -> None:
@@ -62,7 +60,7 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("list")
     def list_(
-        recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOpt = False
+        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOption = False
     ) -> None:
         """The series in order, with subjects and the files each patch touches."""
         output = make_output(json_output)
@@ -76,33 +74,33 @@ def register(app: typer.Typer) -> None:
         if not loaded.patches:
             output.out.print(f"{loaded.series_file}: the series is empty")
             return
-        table = Table("patch", "subject", "files")
-        for p in loaded.patches:
-            table.add_row(p.name, escape(p.subject), "\n".join(p.files))
-        output.out.print(table)
+        print_records(output.out, ("patch", "subject", "files"),
+                      [(p.name, p.subject, list(p.files)) for p in loaded.patches])
 
     @patches.command("check")
     def check(
-        tree: TreeOpt = None, recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None,
-        json_output: JsonOpt = False,
+        tree: TreeOpt = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Check every patch against a tree: applies / already applied / conflicts (exit 5 on conflicts)."""
         output = make_output(json_output)
         result = check_series(tree or _default_tree(recipe), series_for_recipe(find_recipe(recipe), series))
-        if json_output:
-            output.emit_json(check_document(result))
-        else:
-            output.out.print(_check_table(result))
+        failure = None
         if result.conflicting:
             names = ", ".join(r.name for r in result.conflicting)
-            raise PatchError(f"{len(result.conflicting)} of {len(result.results)} patches conflict: {names}",
-                             hint="the tree is not the pinned release, or a patch needs refreshing",
-                             reported=json_output)
+            failure = PatchError(f"{len(result.conflicting)} of {len(result.results)} patches conflict: {names}",
+                                 hint="the tree is not the pinned release, or a patch needs refreshing")
+        if json_output:
+            output.emit_json(check_document(result), error=failure)
+        else:
+            _print_check(result, output.out)
+        if failure is not None:
+            raise failure
 
     @patches.command("apply")
     def apply(
-        tree: TreeOpt = None, recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None,
-        json_output: JsonOpt = False,
+        tree: TreeOpt = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None,
+        json_output: JsonOption = False,
     ) -> None:
         """Apply the whole series (one commit per patch, reproducible) or nothing (exit 5)."""
         output = make_output(json_output)
@@ -119,7 +117,7 @@ def register(app: typer.Typer) -> None:
     @patches.command("status")
     def status(
         tree: Annotated[Path, typer.Option("--tree", help="Any DeepSpeed tree, e.g. your own checkout.")],
-        recipe: RecipeOpt = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOpt = False,
+        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOption = False,
     ) -> None:
         """Report a tree's state against the series (read-only, exit 0)."""
         output = make_output(json_output)
@@ -130,15 +128,14 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json({**summary, **check_document(result.check)})
             return
-        for key, value in summary.items():
-            output.out.print(f"{key}: {value}")
-        output.out.print(_check_table(result.check))
+        print_records(output.out, ("", ""), [(key, str(value)) for key, value in summary.items()], keyed=True)
+        _print_check(result.check, output.out)
 
     @patches.command("lint")
     def lint(
         directories: Annotated[list[Path] | None, typer.Argument(
             help="Patch directories (default: all shipped).")] = None,
-        json_output: JsonOpt = False,
+        json_output: JsonOption = False,
     ) -> None:
         """Lint patch directories: parse, paths, binary hunks, header fields, series completeness."""
         output = make_output(json_output)
@@ -148,14 +145,15 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(f"{directory}: not a directory",
                                  hint="pass patch directories such as patches/deepspeed-0.19.5")
         problems = {str(d): [str(p) for p in lint_patch_dir(d)] for d in dirs}
+        count = sum(len(v) for v in problems.values())
+        failure = PatchError(f"{count} lint problem(s) in the patch series", hint="fix the listed patches") \
+            if count else None
         if json_output:
-            output.emit_json(problems)
+            output.emit_json(problems, error=failure)
         else:
             for directory, found in problems.items():
                 output.out.print(f"{directory}: {'ok' if not found else f'{len(found)} problem(s)'}")
                 for line in found:
                     output.out.print(f"  {escape(line)}")
-        count = sum(len(v) for v in problems.values())
-        if count:
-            raise PatchError(f"{count} lint problem(s) in the patch series", hint="fix the listed patches",
-                             reported=json_output)
+        if failure is not None:
+            raise failure

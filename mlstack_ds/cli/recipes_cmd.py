@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from mlstack_ds.buildspec import parse_platform
-from mlstack_ds.console import make_output
+from mlstack_ds.cli.options import JsonOption, RecipeOption
+from mlstack_ds.console import make_output, print_records
+from mlstack_ds.errors import UsageError
 from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
 def recipe_document(recipe: Recipe) -> dict[str, Any]:
@@ -34,43 +33,44 @@ def register(app: typer.Typer) -> None:
     app.add_typer(recipes, name="recipes")
 
     @recipes.command("list")
-    def list_(json_output: JsonOpt = False) -> None:
+    def list_(json_output: JsonOption = False) -> None:
         """List the shipped recipes."""
         output = make_output(json_output)
         found = list_recipes()
         if json_output:
             output.emit_json([recipe_document(r) for r in found])
             return
-        table = Table("recipe", "version", "git tag", "commit", "min ROCm")
-        for r in found:
-            table.add_row(r.name, r.version, r.git.tag, r.git.commit[:12], r.min_rocm)
-        output.out.print(table)
+        print_records(output.out, ("recipe", "version", "git tag", "commit", "min ROCm"),
+                      [(r.name, r.version, r.git.tag, r.git.commit, r.min_rocm) for r in found])
 
     @recipes.command("show")
     def show(
-        name: Annotated[str, typer.Argument(help="Recipe name or .toml path.")] = DEFAULT_RECIPE,
-        json_output: JsonOpt = False,
+        name: Annotated[str | None, typer.Argument(
+            metavar="NAME|VERSION|PATH", help="The recipe (same as --recipe).", show_default=False)] = None,
+        recipe_option: RecipeOption = DEFAULT_RECIPE,
+        json_output: JsonOption = False,
     ) -> None:
         """Show one recipe: the pin and the patch series it uses."""
+        if name is not None and recipe_option not in (DEFAULT_RECIPE, name):
+            raise UsageError(f"two recipes given: {name} and --recipe {recipe_option}", hint="give one")
         output = make_output(json_output)
-        recipe = find_recipe(name)
+        recipe = find_recipe(name if name is not None else recipe_option)
         document = recipe_document(recipe)
         builds = [parse_platform(p, table, str(recipe.path)) for p, table in recipe.platforms.items()]
         if json_output:
             output.emit_json(document)
             return
+        pin: list[tuple[str, str]] = []
         for key, value in document.items():
             if key == "platforms":
                 continue
             if isinstance(value, dict):
-                for sub, item in value.items():
-                    output.out.print(f"{key}.{sub}: {item}")
+                pin += [(f"{key}.{sub}", str(item)) for sub, item in value.items()]
             else:
-                output.out.print(f"{key}: {value}")
+                pin.append((key, str(value)))
+        print_records(output.out, ("", ""), pin, keyed=True)
         for build in builds:
-            ops = Table("op", "build", "DS_BUILD flag", "why", title=f"{build.platform} (DS_ACCELERATOR="
-                        f"{build.accelerator})", title_justify="left")
-            for op in build.ops:
-                needs = f" (needs {op.requires})" if op.requires else ""
-                ops.add_row(op.name, "yes" if op.build else "no", op.flag, op.reason + needs)
-            output.out.print(ops)
+            rows = [(op.name, "yes" if op.build else "no", op.flag,
+                     op.reason + (f" (needs {op.requires})" if op.requires else "")) for op in build.ops]
+            print_records(output.out, ("op", "build", "DS_BUILD flag", "why"), rows,
+                          title=f"{build.platform} (DS_ACCELERATOR={build.accelerator})")

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from mlstack_ds.cli.options import JsonOption, PythonOption
 from mlstack_ds.console import make_output
+from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import VerifyFailed
 from mlstack_ds.verify.checks import CHECK_NAMES
-from mlstack_ds.verify.report import render_table
+from mlstack_ds.verify.report import render_report
 from mlstack_ds.verify.suite import DEFAULT_TIMEOUT_S, VerifyOptions, run_verify
 
-DEFAULT_PYTHON = Path(sys.executable)
 VERIFY_HELP = (
     "Run real training steps through the installed DeepSpeed on several ranks, check by check. "
     f"Checks: {', '.join(CHECK_NAMES)}. Exit code 8 if any check failed."
@@ -25,15 +25,13 @@ def register(app: typer.Typer) -> None:
     @app.command(help=VERIFY_HELP)
     def verify(
         *,
-        python: Annotated[Path, typer.Option("--python", help="Target interpreter (default: this one).")]
-        = DEFAULT_PYTHON,
+        python: PythonOption = None,
         world_size: Annotated[int | None, typer.Option(
             "--world-size", help="Ranks to launch (default: the GPU count; 2 on CPU).")] = None,
         only: Annotated[str | None, typer.Option("--only", help="Comma-separated checks to run.")] = None,
         skip: Annotated[str | None, typer.Option("--skip", help="Comma-separated checks to leave out.")]
         = None,
-        json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-        = False,
+        json_output: JsonOption = False,
         timeout: Annotated[float, typer.Option(
             "--timeout", help="Seconds for the whole run; on expiry every process is killed.")]
         = DEFAULT_TIMEOUT_S,
@@ -47,16 +45,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         output = make_output(json_output)
         report = run_verify(
-            VerifyOptions(python=python, world_size=world_size, only=only, skip=skip, timeout_s=timeout,
+            VerifyOptions(python=resolve_python(python), world_size=world_size, only=only, skip=skip, timeout_s=timeout,
                           hostfile=hostfile, isolate=isolate),
             status=output.status,
         )
-        if json_output:
-            output.emit_json(report.to_json())
-        else:
-            output.out.print(render_table(report))
+        failure = None
         if not report.ok:
             failed = [c.name for c in report.checks if c.status == "fail"]
-            raise VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}",
-                               hint="see the reasons above; --only CHECK --isolate reruns one on its own",
-                               reported=json_output)
+            failure = VerifyFailed(f"{len(failed)} check(s) failed: {', '.join(failed)}",
+                                   hint="see the reasons above; --only CHECK --isolate reruns one on its own")
+        if json_output:
+            output.emit_json(report.to_json(), error=failure)
+        else:
+            render_report(report, output.out)
+        if failure is not None:
+            raise failure

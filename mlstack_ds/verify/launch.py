@@ -65,33 +65,73 @@ class HostEntry:
     slots: int
 
 
+# DeepSpeed 0.19.5's own pattern (`deepspeed/launcher/runner.py: _parse_hostfile`), searched at the start
+# of the stripped line: anything after `slots=N` is ignored there, so it is ignored here too.
+_DS_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
+_HOSTFILE_HINT = ("DeepSpeed's hostfile format: one `hostname slots=N` line per node (no spaces around `=`), "
+                  "`#` comments")
+
+
 def parse_hostfile(path: Path) -> list[HostEntry]:
-    """DeepSpeed's hostfile format: `hostname slots=N` per line, `#` comments."""
+    """Read a hostfile with exactly DeepSpeed's grammar, so that `verify --hostfile` refuses up front what
+    DeepSpeed's launcher would refuse after ssh-ing around (as a failed check), and accepts all it accepts.
+
+    DeepSpeed (`fetch_hostfile`/`_parse_hostfile`): lines split like Python's text mode (`\\n`, `\\r\\n`,
+    `\\r`), each stripped of whitespace; blank lines and lines *starting* with `#` are skipped; every other
+    line must start with `host<whitespace>slots=<digits>` (what follows is ignored, so `node slots=8 # x`
+    is fine, `node slots = 8` and `node` are not); `slots=0` is accepted; a host named twice and a file
+    without hosts are refused. Each refusal here is one usage error naming the file, line and problem.
+    One deliberate difference: DeepSpeed silently falls back to the local machine when the file does not
+    exist (its default path is `/job/hostfile`); a hostfile the user named must exist.
+    """
     text = read_text(path, error=UsageError, what="--hostfile",
                      hint="pass a DeepSpeed hostfile: one `hostname slots=N` line per node")
-    entries = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
+    entries: dict[str, HostEntry] = {}
+    first_line: dict[str, int] = {}
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines, as open()
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
             continue
-        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
-        if not match or int(match.group(2)) < 1:
-            raise UsageError(f"--hostfile {path}:{number}: expected `hostname slots=N`, got {raw.strip()!r}",
-                             hint="DeepSpeed hostfile format, e.g. `node1 slots=8`")
-        entries.append(HostEntry(match.group(1), int(match.group(2))))
+        match = _DS_HOSTFILE_LINE.search(line)
+        if match is None:
+            raise UsageError(f"--hostfile {path}:{number}: bad entry {line!r}: expected `hostname slots=N`",
+                             hint=_HOSTFILE_HINT)
+        host = match.group(1)
+        try:
+            slots = int(match.group(2))
+        except ValueError as exc:  # more digits than Python converts (DeepSpeed fails the same way)
+            raise UsageError(f"--hostfile {path}:{number}: slots= of {host} is not a usable number",
+                             hint=_HOSTFILE_HINT) from exc
+        if host in entries:
+            raise UsageError(f"--hostfile {path}:{number}: host {host} is listed twice (first on line "
+                             f"{first_line[host]})", hint="give each host one line, with all its slots")
+        entries[host] = HostEntry(host, slots)
+        first_line[host] = number
     if not entries:
         raise UsageError(f"--hostfile {path}: no hosts in it", hint="add `hostname slots=N` lines")
-    return entries
+    return list(entries.values())
+
+
+def hostfile_world_size(path: Path, hosts: Sequence[HostEntry]) -> int:
+    """The ranks a hostfile asks for. DeepSpeed accepts `slots=0` on every line and then starts no rank;
+    verify would then have nothing to check (and nothing to fail), so zero ranks is a usage error."""
+    total = sum(h.slots for h in hosts)
+    if total == 0:
+        raise UsageError(f"--hostfile {path}: every host has slots=0, so no rank would run",
+                         hint="give at least one host slots=N with N >= 1")
+    return total
 
 
 def deepspeed_argv(python: Path, hostfile: Path, hosts: Sequence[HostEntry], port: int,
                    args: Sequence[str], *, gpus_per_node: int | None = None) -> list[str]:
-    """Several nodes: DeepSpeed's launcher (pdsh/ssh), master on the first host of the hostfile.
+    """Several nodes: DeepSpeed's launcher (pdsh/ssh), master on the first host with a slot (DeepSpeed
+    gives rank 0, which serves the rendezvous, to the first host with slots; a `slots=0` host runs none).
 
     The worker path and `--out` must exist on every node (same install path or a shared file system).
     """
     argv = [str(python), "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
-            "--master_addr", hosts[0].host, "--master_port", str(port)]
+            "--master_addr", next((h.host for h in hosts if h.slots), hosts[0].host), "--master_port", str(port)]
     if gpus_per_node is not None:
         argv += ["--num_gpus", str(gpus_per_node)]
     return [*argv, *args]

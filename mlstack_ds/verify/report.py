@@ -11,7 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from rich.table import Table
+from rich.console import Console
+from rich.text import Text
+
+from mlstack_ds.console import print_records
 
 Status = Literal["pass", "fail", "skip"]
 
@@ -115,23 +118,21 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}"
 
 
-STATUS_STYLE = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skip": "[yellow]skip[/]"}
+STATUS_STYLE = {"pass": ("pass", "green"), "fail": ("FAIL", "bold red"), "skip": ("skip", "yellow")}
+COLUMNS = ("check", "status", "time s", "peak MiB/rank", "reason / notes")
 
 
-def render_table(report: VerifyReport) -> Table:
-    table = Table(title=f"mlstack-ds verify: {report.python} on {report.world_size} rank(s)",
-                  caption=_caption(report))
-    table.add_column("check")
-    table.add_column("status")
-    table.add_column("time s", justify="right")
-    table.add_column("peak MiB/rank", justify="right")
-    table.add_column("reason / notes", overflow="fold")
+def render_report(report: VerifyReport, console: Console) -> None:
+    """The report as a table on a terminal it fits, else one line per check (reasons are never cut)."""
+    rows = []
     for check in report.checks:
         peaks = [v for v in check.peak_memory_bytes.values() if v is not None]
         peak = "/".join(_mib(v) for v in check.peak_memory_bytes.values()) if peaks else "n/a"
-        table.add_row(check.name, STATUS_STYLE[check.status], f"{check.duration_s:.1f}", peak,
-                      check.reason or _note(check), )
-    return table
+        label, style = STATUS_STYLE[check.status]
+        rows.append((check.name, Text(label, style=style), f"{check.duration_s:.1f}", peak,
+                     check.reason or _note(check)))
+    print_records(console, COLUMNS, rows, title=f"mlstack-ds verify: {report.python} on {report.world_size} rank(s)",
+                  caption=_caption(report))
 
 
 def _caption(report: VerifyReport) -> str:

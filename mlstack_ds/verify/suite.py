@@ -89,8 +89,8 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
                                  hint="install PyTorch there (and DeepSpeed with `mlstack-ds install`), "
                                  "or point --python at the environment that has them")
 
-    if hosts is not None:
-        world_size = sum(h.slots for h in hosts)
+    if hosts is not None and options.hostfile is not None:
+        world_size = launch.hostfile_world_size(options.hostfile, hosts)
     else:
         world_size = options.world_size or (probe.gpus if probe.gpus > 0 else 2)
     deadline = started + options.timeout_s

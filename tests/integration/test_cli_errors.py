@@ -177,7 +177,7 @@ def test_relative_python_path_is_that_file_not_a_name_on_path(tmp_path: Path) ->
 def test_dry_run_prints_the_plan_on_stdout_and_accepts_the_recipe_name() -> None:
     result = cli("install", "--dry-run", "--deepspeed-version", "deepspeed-0.19.5")
     assert result.returncode == 0, result.stderr
-    assert "DeepSpeed  0.19.5" in result.stdout and "DS_BUILD_OPS=0" in result.stdout
+    assert "DeepSpeed: 0.19.5" in result.stdout and "DS_BUILD_OPS=0" in result.stdout
 
 
 def test_user_text_is_printed_as_is_not_as_emoji(tmp_path: Path) -> None:

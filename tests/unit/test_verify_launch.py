@@ -40,7 +40,7 @@ def test_worker_imports_nothing_from_the_tool() -> None:
 
 def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("# cluster\nnode-a slots=8\nnode-b   slots = 8  # second\n\n")
+    hostfile.write_text("# cluster\nnode-a slots=8\nnode-b   slots=8  # second\n\n")
     hosts = launch.parse_hostfile(hostfile)
     assert hosts == [launch.HostEntry("node-a", 8), launch.HostEntry("node-b", 8)]
     args = launch.worker_args(["zero3"], Path("/shared/out"), 60, "rid")
@@ -55,7 +55,7 @@ def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
     assert with_gpus[with_gpus.index("--num_gpus") + 1] == "4"
 
 
-@pytest.mark.parametrize("content", ["node-a\n", "node-a slots=0\n", "node-a slots=x\n", "# only\n", ""])
+@pytest.mark.parametrize("content", ["node-a\n", "node-a slots = 8\n", "node-a slots=x\n", "# only\n", ""])
 def test_bad_hostfiles_are_usage_errors(tmp_path: Path, content: str) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text(content)

@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check, render_table
+from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check, render_report
 
 
 def record(status: str, reason: str = "", duration: float = 1.0, **details: object) -> dict[str, object]:
@@ -73,7 +73,7 @@ def test_json_is_serialisable_and_carries_verdict_and_counts() -> None:
 
 def test_table_shows_every_check_and_the_failure_reason() -> None:
     console = Console(file=io.StringIO(), width=200)
-    console.print(render_table(make_report("pass", "fail")))
+    render_report(make_report("pass", "fail"), console)
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "c0" in text and "c1" in text and "FAIL" in text and "why" in text
     assert "1 passed, 1 failed" in text
