@@ -136,7 +136,7 @@ def collect_facts(
 
 
 def install_damage(env: Environment, target: TargetFacts, ds_build: DeepSpeedBuild | None) -> tuple[str, ...]:
-    """`install.check_health` on what detect and the facts probe saw (the same judgement as `status` and
+    """`install.check_health` on what detect's target probe saw (the same judgement as `status` and
     `install`); with no receipt, only the installed files against their RECORD; an unusable receipt is
     itself the damage."""
     prefix = target.python.prefix
