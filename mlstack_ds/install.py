@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import signal
 import tempfile
 import time
@@ -25,8 +24,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from mlstack_ds import __version__
 from mlstack_ds.build import BuiltWheel
 from mlstack_ds.deepspeed_build import read_deepspeed_build
+from mlstack_ds.detect.target_probe import TargetFacts, probe_target
 from mlstack_ds.errors import InstallError, Interrupted, ToolError, UsageError
-from mlstack_ds.integrity import RECORD_LOCATOR, FileCheck, check_files
+from mlstack_ds.integrity import FileCheck, check_files
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import (
     PreviousInstall,
@@ -44,24 +44,6 @@ from mlstack_ds.runner import run
 # Never installed or upgraded as a side effect: the user's accelerator stack.
 PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm"})
 PIP_TIMEOUT_S = 1800.0
-
-INSTALLED_PROBE = r"""
-import importlib.util, json, sys
-from importlib import metadata
-""" + RECORD_LOCATOR + r"""
-out = {"prefix": sys.prefix, "deepspeed": None, "deepspeed_version": None, "torch": None, "record": None}
-for name, key in (("torch", "torch"), ("deepspeed", "deepspeed_version")):
-    try:
-        out[key] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-        pass
-spec = importlib.util.find_spec("deepspeed")
-if spec is not None and spec.submodule_search_locations:
-    out["deepspeed"] = list(spec.submodule_search_locations)[0]
-    out["record"] = _mlstack_record("deepspeed")
-print("MLSTACK_INSTALLED:" + json.dumps(out))
-"""
-
 
 @dataclass(frozen=True)
 class InstalledState:
@@ -115,24 +97,28 @@ def check_health(receipt: Receipt, state: InstalledState) -> Health:
 
 
 def probe_installed(python: str) -> InstalledState:
-    """What the target has now, read without importing deepspeed or torch (fast, side-effect free):
-    the interpreter says where its packages are, DeepSpeed's build record says which ops it has."""
-    result = run([python, "-c", INSTALLED_PROBE], timeout=60)
-    line = next((ln for ln in result.stdout.splitlines() if ln.startswith("MLSTACK_INSTALLED:")), None)
-    if not result.ok or line is None:  # an empty prefix would mean "the current directory" to callers
+    """What the target has now, read without importing deepspeed or torch (fast, side-effect free): the
+    target probe's first line (`quick`) says where its packages are, DeepSpeed's build record which ops."""
+    return installed_state(probe_target(Path(python), torch=False), python)
+
+
+def installed_state(facts: TargetFacts, python: str) -> InstalledState:
+    """`InstalledState` from a probe's answer, fresh or one the command already has (install reuses
+    detect's). An interpreter that did not answer is a usage error: an empty prefix would mean "the
+    current directory" to callers."""
+    if not facts.answered or not facts.python.prefix:
         raise UsageError(f"--python {python}: not a working Python interpreter"
-                         + (f" ({result.tail(1)})" if result.tail(1) else ""),
+                         + (f" ({facts.problem})" if facts.problem else ""),
                          hint="pass a venv's bin/python (or the venv directory)")
-    data = json.loads(line.removeprefix("MLSTACK_INSTALLED:"))
-    location = data.get("deepspeed")
+    location = facts.deepspeed_package  # where `import deepspeed` loads from: its build record is there
     build = read_deepspeed_build(Path(location), warnings=[]) if location else None
     return InstalledState(
-        prefix=data["prefix"],
-        deepspeed_version=data.get("deepspeed_version") if location else None,
+        prefix=facts.python.prefix,
+        deepspeed_version=facts.deepspeed.version if location and facts.deepspeed else None,
         deepspeed_location=location,
         prebuilt_ops=tuple(build.prebuilt_ops) if build else (),
-        torch_version=data.get("torch"),
-        record=data.get("record") if location else None,
+        torch_version=facts.torch_version,
+        record=facts.deepspeed_record if location else None,
     )
 
 
@@ -195,12 +181,16 @@ def install_wheel(
     status: Callable[[str], None] = lambda _msg: None,
     warn: Callable[[str], None] = lambda _msg: None,
     replace_bad_receipt: bool = False,
+    before: InstalledState | None = None,
 ) -> Receipt:
     """Install `built` into the plan's interpreter and write the receipt. Torch is left untouched.
     A DeepSpeed we did not install is packed into a wheel first, so `rollback` can put it back.
-    `replace_bad_receipt` (--force): an unusable receipt is replaced instead of stopping the install."""
+    `replace_bad_receipt` (--force): an unusable receipt is replaced instead of stopping the install.
+    `before`: what the environment holds, when the caller already probed it in this command (nothing
+    but this function changes the environment, and the build in between never touches it)."""
     python = plan.target_python
-    before = probe_installed(python)
+    if before is None:
+        before = probe_installed(python)
     try:
         old_receipt = read_receipt(prefix)
     except ReceiptError as exc:
@@ -350,11 +340,12 @@ def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _m
     return f"rolled back to DeepSpeed {previous.deepspeed_version}{origin}"
 
 
-def uninstall(python: str, prefix: str) -> tuple[str, str]:
+def uninstall(python: str, state: InstalledState) -> tuple[str, str]:
     """Remove the DeepSpeed our receipt describes; returns (action, summary). Like `pip uninstall` of
-    something not installed, nothing of ours to remove is not an error: ("skipped", why)."""
+    something not installed, nothing of ours to remove is not an error: ("skipped", why). `state`: what
+    the caller's probe found (the command asks the interpreter once)."""
+    prefix = state.prefix
     receipt = read_receipt(prefix)
-    state = probe_installed(python)
     if receipt is None:
         other = (f"; DeepSpeed {state.deepspeed_version} there was installed by something else "
                  "(pip uninstall deepspeed removes it)" if state.deepspeed_version else "")

@@ -1,6 +1,8 @@
 """The install pipeline: detect -> plan -> (dry run stops here) -> build -> install -> verify.
 
 One function per user-visible command; the CLI only parses options and renders what comes back.
+The target interpreter is probed once by detect (`Prepared.target`); `run_install` judges the installed
+state from that answer and hands it to verify, and probes again only after pip changed the environment.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from pathlib import Path
 
 from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel
 from mlstack_ds.console import Output
-from mlstack_ds.detect import Environment, detect
+from mlstack_ds.detect import Environment
+from mlstack_ds.detect.environment import detect_with_target
+from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, UsageError
-from mlstack_ds.install import InstalledState, check_health, install_wheel, probe_installed
+from mlstack_ds.install import InstalledState, check_health, install_wheel, installed_state
 from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
 from mlstack_ds.receipt import Receipt, ReceiptError, read_receipt
@@ -51,6 +55,7 @@ class Prepared:
     recipe: Recipe
     spec: SourceSpec
     plan: BuildPlan
+    target: TargetFacts  # detect's answer from the target interpreter, reused instead of asking again
 
 
 @dataclass(frozen=True)
@@ -83,13 +88,14 @@ def prepare(request: InstallRequest) -> Prepared:
                              sha256=request.sha256)
     check_local_source(spec)
     archs = parse_arch_option(request.archs) if request.archs is not None else None
-    environment = detect(python=request.python)
+    detection = detect_with_target(python=request.python)
+    environment = detection.environment
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir)
     options = PlanOptions(source=request.source, archs=archs, jobs=request.jobs, patches=request.patches,
                           source_pin=source_pin(recipe, spec))
     plan = make_plan(environment, recipe, toolchain, patch_refs(recipe) if request.patches else [], options)
-    return Prepared(environment, recipe, spec, plan)
+    return Prepared(environment, recipe, spec, plan, detection.target)
 
 
 def healthy(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> bool:
@@ -151,7 +157,9 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
         if not forced:  # its hint: --force replaces it
             raise
         receipt = None  # install_wheel warns about it and writes a new one
-    reasons = reinstall_reasons(plan, receipt, probe_installed(plan.target_python))
+    # detect's probe, moments ago, already says what is installed: nothing has changed the environment since.
+    before = installed_state(prepared.target, plan.target_python)
+    reasons = reinstall_reasons(plan, receipt, before)
     if not forced and not reasons:
         assert receipt is not None
         return InstallOutcome(plan, "up-to-date", receipt, None)
@@ -162,9 +170,11 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
     output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
                   + built.wheel.name)
     new_receipt = install_wheel(plan, built, prefix, status=output.status, warn=output.warn,
-                                replace_bad_receipt=forced)
+                                replace_bad_receipt=forced, before=before)
     report = None
     if request.verify:
         output.status("verifying the install (mlstack-ds verify)")
-        report = run_verify(VerifyOptions(python=Path(plan.target_python)), status=output.status)
+        # torch was held and checked unchanged by install_wheel: detect's torch facts still hold.
+        report = run_verify(VerifyOptions(python=Path(plan.target_python), target=prepared.target),
+                            status=output.status)
     return InstallOutcome(plan, "installed", new_receipt, built, report)

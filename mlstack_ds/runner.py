@@ -119,6 +119,14 @@ class Background:
         return RunResult(self.args, self._proc.returncode, self._out.read(), self._err.read(),
                          time.monotonic() - self.started)
 
+    def partial_stdout(self) -> str:
+        """What the child wrote to stdout before it stopped, also after `result()` raised on a time-out: a
+        probe that prints in stages keeps the stages it finished when a later one hangs."""
+        if self._proc is None or self._out.closed:
+            return ""
+        self._out.seek(0)
+        return self._out.read()
+
     def close(self) -> None:
         """Kill the process group if it is still running (an early exit, Ctrl-C); drop the output files."""
         if self._proc is not None and self._proc.poll() is None:

@@ -8,7 +8,7 @@ peak RSS (`ru_maxrss`) belongs to one run only:
 * `stream`: `match_log_stream` (what `--log` runs) on the file;
 * `whole`: the previous implementation (`match_log` of commit 835b364 on `read_text()`), same rules;
 * `cli`: the whole `python -m mlstack_ds doctor --json --log FILE` (detect + facts + rules + log),
-  time only (its peak RSS is the larger of doctor and the torch probe it starts).
+  time only (its peak RSS is the larger of doctor and the target probe it starts).
 
 The log mixes what a `DS_BUILD_*` build and a run print (hipcc command lines, ninja progress, compiler
 warnings, pip output, training steps) with a few known error lines near the end and one UTF-8-broken

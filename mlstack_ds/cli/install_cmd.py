@@ -223,7 +223,7 @@ def register(app: typer.Typer) -> None:
         """Remove the DeepSpeed that mlstack-ds installed; one it did not install is skipped (exit 0), like pip."""
         output = make_output(json_output)
         interpreter = str(resolve_python(python))
-        action, summary = uninstall(interpreter, probe_installed(interpreter).prefix)
+        action, summary = uninstall(interpreter, probe_installed(interpreter))
         if action == "skipped" and not json_output:  # like pip: a warning, exit 0
             output.warn(escape(summary))
             return

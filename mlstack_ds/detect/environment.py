@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds import gfx
 from mlstack_ds.detect import probes
 from mlstack_ds.detect.model import TRACKED_ENV_VARS, Environment, GpuAgent, Platform, TorchInfo
-from mlstack_ds.detect.torch_probe import finish_probe, start_probe
+from mlstack_ds.detect.target_probe import TargetFacts, finish_target_probe, start_target_probe
 from mlstack_ds.errors import UsageError
 
 
@@ -33,37 +34,57 @@ def resolve_python(python: str | Path | None) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Detection:
+    """detect's `Environment` and the target interpreter's full answer it was made from (the RECORD, the
+    package directory, torch's distribution version...), for commands that would otherwise ask again."""
+
+    environment: Environment
+    target: TargetFacts
+
+
 def detect(
     environ: Mapping[str, str] | None = None,
     python: str | Path | None = None,
     tool_timeout: float = probes.TOOL_TIMEOUT_S,
 ) -> Environment:
     """Read the machine and the target interpreter. Never raises for what a machine may lack."""
+    return detect_with_target(environ, python, tool_timeout).environment
+
+
+def detect_with_target(
+    environ: Mapping[str, str] | None = None,
+    python: str | Path | None = None,
+    tool_timeout: float = probes.TOOL_TIMEOUT_S,
+) -> Detection:
+    """`detect`, keeping the target probe's whole answer (install and doctor reuse it instead of
+    starting the interpreter again)."""
     environ = dict(os.environ if environ is None else environ)
     target_python = resolve_python(python)
     hsa_override = environ.get("HSA_OVERRIDE_GFX_VERSION") or None
     ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ), timeout=tool_timeout)
 
-    # The torch probe (seconds: it imports torch) runs while the ROCm tools are asked, not after them.
-    with start_probe(target_python, environ) as pending_probe:
+    # The target probe (seconds: it imports torch) runs while the ROCm tools are asked, not after them.
+    with start_target_probe(target_python, environ) as pending_probe:
         amd = probes.amd_gpus(ctx, hsa_override)
         nvidia = probes.nvidia_gpus(ctx)
-        probe = finish_probe(target_python, pending_probe)
-    rocm = probes.rocm_version(ctx, probe.torch.hip if probe.torch else None)
+        target = finish_target_probe(target_python, pending_probe)
+    rocm = probes.rocm_version(ctx, target.torch.hip if target.torch else None)
 
     gpus = amd + [GpuAgent(**{**g.__dict__, "index": len(amd) + g.index}) for g in nvidia] if nvidia else amd
-    platform = decide_platform(amd, nvidia, probe.torch, rocm_found=rocm is not None)
-    warnings = [*ctx.warnings, *probe.warnings, *explain(amd, platform, probe.torch, hsa_override)]
-    return Environment(
+    platform = decide_platform(amd, nvidia, target.torch, rocm_found=rocm is not None)
+    warnings = [*ctx.warnings, *target.warnings, *explain(amd, platform, target.torch, hsa_override)]
+    environment = Environment(
         platform=platform,
         rocm=rocm,
         gpus=gpus,
-        torch=probe.torch,
-        python=probe.python,
+        torch=target.torch,
+        python=target.python,
         env={name: environ.get(name) for name in TRACKED_ENV_VARS},
         warnings=warnings,
-        deepspeed=probe.deepspeed,
+        deepspeed=target.deepspeed,
     )
+    return Detection(environment, target)
 
 
 def decide_platform(

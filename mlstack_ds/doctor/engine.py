@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.detect import detect
-from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.detect.environment import detect_with_target, resolve_python
 from mlstack_ds.detect.model import Environment
-from mlstack_ds.doctor.facts import SystemFacts, collect_facts, finish_target_probe, start_target_probe
+from mlstack_ds.doctor.facts import SystemFacts, collect_facts
 from mlstack_ds.doctor.logs import match_log
 from mlstack_ds.doctor.model import DEFAULT_MIN_ROCM, DoctorInput, Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
@@ -59,11 +58,11 @@ def diagnose(
     bounded memory) and passed as `log_findings`; `log_text` is the same for a log already in memory."""
     environ = dict(os.environ if environ is None else environ)
     target_python = resolve_python(python)
-    # The target interpreter's own facts are asked while detect waits on torch's slow import.
-    with start_target_probe(target_python, environ) as pending_target:
-        env = detect(environ=environ, python=target_python)
-        facts = collect_facts(env, environ=environ, root=root,
-                              target=finish_target_probe(target_python, pending_target))
+    # One start of the target interpreter: detect's probe also answers the facts (its first line needs no
+    # torch, so a torch that hangs or crashes still leaves doctor the headers, prefix and RECORD).
+    detection = detect_with_target(environ=environ, python=target_python)
+    env = detection.environment
+    facts = collect_facts(env, environ=environ, root=root, target=detection.target)
     inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm, nvme_offload=nvme_offload)
     findings = [*run_rules(inp), *log_findings]
     if log_text is not None:

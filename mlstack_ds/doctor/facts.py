@@ -3,19 +3,18 @@
 Everything machine-wide is read below one `root` directory (default `/`): `dev/kfd`, `dev/shm`,
 `proc/cmdline`, `sys/class/iommu`, `sys/class/kfd/...`, `usr/include`. Tests point `root` at a
 temporary tree of fake files, so the real reading code runs. Facts about the *target* interpreter
-(its headers, its prefix, its pip packages) come from one small subprocess of that interpreter.
+(its headers, its prefix, its pip packages, DeepSpeed's RECORD) come from the target probe's first line
+(`detect.target_probe`), which needs no torch import: doctor answers when torch hangs or is broken.
 Nothing here raises for what a machine lacks: unknowns are `None` and problems become warnings.
 """
 
 from __future__ import annotations
 
 import grp
-import json
 import os
 import re
 import resource
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,45 +22,16 @@ from mlstack_ds import gfx
 from mlstack_ds.deepspeed_build import DeepSpeedBuild, read_deepspeed_build
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
+from mlstack_ds.detect.target_probe import TargetFacts, probe_target
 from mlstack_ds.doctor.jitlocks import JitLockScan, scan_jit_locks
-from mlstack_ds.errors import ToolError
 from mlstack_ds.install import InstalledState, check_health
-from mlstack_ds.integrity import RECORD_LOCATOR, check_files
+from mlstack_ds.integrity import check_files
 from mlstack_ds.receipt import ReceiptError, read_receipt, receipt_path
-from mlstack_ds.runner import Background, run_in_background, which
+from mlstack_ds.runner import which
 from mlstack_ds.toolchain import CXX_NAMES, find_cxx, has_libaio_headers
 
-MARKER = "MLSTACK_FACTS_JSON:"
 FACTS_TIMEOUT_S = 60.0
 COMPILERS = CXX_NAMES
-
-# Runs in the target interpreter: no torch, no deepspeed import (fast, and safe when they are broken).
-FACTS_SCRIPT = r"""
-import json, sys, sysconfig
-from importlib import metadata
-""" + RECORD_LOCATOR + r"""
-names = set()
-for dist in metadata.distributions():
-    try:
-        names.add((dist.metadata["Name"] or "").lower())
-    except Exception:
-        pass
-print("MLSTACK_FACTS_JSON:" + json.dumps({
-    "include": sysconfig.get_paths().get("include"),
-    "prefix": sys.prefix,
-    "nvidia": sorted(n for n in names if n.startswith("nvidia-")),
-    "deepspeed_record": _mlstack_record("deepspeed"),
-}))
-"""
-
-
-@dataclass(frozen=True)
-class TargetPython:
-    include_dir: str | None
-    prefix: str | None
-    nvidia_packages: tuple[str, ...]
-    warnings: tuple[str, ...] = ()
-    deepspeed_record: str | None = None  # the installed DeepSpeed's *.dist-info/RECORD
 
 
 @dataclass(frozen=True)
@@ -109,10 +79,11 @@ def collect_facts(
     environ: Mapping[str, str] | None = None,
     root: Path = Path("/"),
     timeout: float = FACTS_TIMEOUT_S,
-    target: TargetPython | None = None,
+    target: TargetFacts | None = None,
 ) -> SystemFacts:
     """Read the facts for `env` (its target interpreter, its DeepSpeed) below `root`.
-    `target`: the interpreter's answers when the caller already asked (in parallel with detect)."""
+    `target`: the probe detect made (`detect_with_target`), whose warnings detect already reported;
+    without it the interpreter is asked here (the quick probe: no torch import)."""
     environ = dict(os.environ if environ is None else environ)
     kfd = root / "dev" / "kfd"
     rocm_root = find_rocm_root(environ)
@@ -120,15 +91,17 @@ def collect_facts(
     search_path = environ.get("PATH", "")
     tools = {name: _str(which(name, path=search_path)) for name in (*COMPILERS, "ninja")}
     tools["hipcc"] = _str(which("hipcc", extra_dirs=extra_dirs, path=search_path))
+    warnings: list[str] = []
     if target is None:
-        target = probe_target_python(Path(env.python.executable), environ, timeout)
-    warnings = list(target.warnings)
-    headers = bool(target.include_dir) and Path(target.include_dir or "", "Python.h").is_file()
+        target = probe_target(Path(env.python.executable), environ, torch=False, timeout=timeout)
+        warnings += target.warnings
+    include_dir, prefix = target.python.include_dir, target.python.prefix
+    headers = bool(include_dir) and Path(include_dir or "", "Python.h").is_file()
     ds_build = None
     if env.deepspeed and env.deepspeed.location:
         ds_build = read_deepspeed_build(Path(env.deepspeed.location) / "deepspeed", warnings)
     rocm_home = _rocm_home(environ, rocm_root, tools["hipcc"])
-    receipt = receipt_path(target.prefix) if target.prefix else None
+    receipt = receipt_path(prefix) if prefix else None
     return SystemFacts(
         root=str(root),
         kfd_exists=kfd.exists(),
@@ -142,9 +115,9 @@ def collect_facts(
         rocm_home=rocm_home,
         rocm_info_version_file=bool(rocm_home) and Path(rocm_home or "", ".info", "version").is_file(),
         usr_rocm_version_header=(root / "usr" / "include" / "rocm_version.h").is_file(),
-        python_include=target.include_dir,
+        python_include=include_dir,
         python_headers=headers,
-        target_prefix=target.prefix,
+        target_prefix=prefix,
         nvidia_packages=target.nvidia_packages,
         libaio_headers=has_libaio_headers(environ, root),
         cxx=find_cxx(environ),
@@ -162,21 +135,22 @@ def collect_facts(
     )
 
 
-def install_damage(env: Environment, target: TargetPython, ds_build: DeepSpeedBuild | None) -> tuple[str, ...]:
-    """`install.check_health` on what detect and the facts probe saw (the same judgement as `status` and
+def install_damage(env: Environment, target: TargetFacts, ds_build: DeepSpeedBuild | None) -> tuple[str, ...]:
+    """`install.check_health` on what detect's target probe saw (the same judgement as `status` and
     `install`); with no receipt, only the installed files against their RECORD; an unusable receipt is
     itself the damage."""
-    if not target.prefix:
+    prefix = target.python.prefix
+    if not prefix:
         return ()
     try:
-        receipt = read_receipt(target.prefix)
+        receipt = read_receipt(prefix)
     except ReceiptError as exc:
         return (exc.message,)
     if receipt is None:
         files = check_files(target.deepspeed_record) if env.deepspeed and target.deepspeed_record else None
         return (f"installed files changed: {files.summary()}",) if files and not files.ok else ()
     state = InstalledState(
-        prefix=target.prefix,
+        prefix=prefix,
         deepspeed_version=env.deepspeed.version if env.deepspeed else None,
         deepspeed_location=env.deepspeed.location if env.deepspeed else None,
         prebuilt_ops=tuple(ds_build.prebuilt_ops) if ds_build else (),
@@ -184,43 +158,6 @@ def install_damage(env: Environment, target: TargetPython, ds_build: DeepSpeedBu
         record=target.deepspeed_record,
     )
     return check_health(receipt, state).problems
-
-
-def start_target_probe(
-    python: Path, environ: Mapping[str, str], timeout: float = FACTS_TIMEOUT_S
-) -> AbstractContextManager[Background]:
-    """Start asking the target interpreter; collect the answer with `finish_target_probe` in the block."""
-    return run_in_background([python, "-c", FACTS_SCRIPT], timeout=timeout, env=dict(environ))
-
-
-def finish_target_probe(python: Path, pending: Background) -> TargetPython:
-    """The target interpreter's include dir, prefix and nvidia-* packages; failures become warnings."""
-    try:
-        result = pending.result()
-    except ToolError as exc:
-        return TargetPython(None, None, (), (f"facts probe: {exc.message}",))
-    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
-    if not result.ok or line is None:
-        note = f"facts probe: {python} exited with {result.returncode}: {result.tail(2)}"
-        return TargetPython(None, None, (), (note,))
-    try:
-        data = json.loads(line[len(MARKER):])
-        return TargetPython(
-            include_dir=data.get("include") or None,
-            prefix=data.get("prefix") or None,
-            nvidia_packages=tuple(str(n) for n in data.get("nvidia") or ()),
-            deepspeed_record=data.get("deepspeed_record") or None,
-        )
-    except (ValueError, TypeError, AttributeError) as exc:
-        return TargetPython(None, None, (), (f"facts probe: unreadable result ({exc})",))
-
-
-def probe_target_python(
-    python: Path, environ: Mapping[str, str], timeout: float = FACTS_TIMEOUT_S
-) -> TargetPython:
-    """Ask the target interpreter and wait for the answer."""
-    with start_target_probe(python, environ, timeout) as pending:
-        return finish_target_probe(python, pending)
 
 
 _TARGET_VERSION_RE = re.compile(r"^gfx_target_version\s+(\d+)\s*$", re.MULTILINE)

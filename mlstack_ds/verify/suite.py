@@ -7,7 +7,6 @@ that died, a launcher that never started the ranks).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -16,26 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlstack_ds import runner
+from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import EnvironmentProblem, Interrupted, ToolError, UsageError
+from mlstack_ds.detect.target_probe import TargetFacts
+from mlstack_ds.errors import EnvironmentProblem, Interrupted, UsageError
 from mlstack_ds.verify import launch
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
 
 DEFAULT_TIMEOUT_S = 300.0
 PROBE_TIMEOUT_S = 60.0
-# Runs in the target interpreter: is torch importable, and how many GPUs does it see?
-PROBE_SCRIPT = """
-import json
-try:
-    import torch
-except Exception as exc:
-    print(json.dumps({"torch": None, "error": f"{type(exc).__name__}: {exc}"}))
-else:
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    print(json.dumps({"torch": torch.__version__, "gpus": gpus}))
-"""
 
 
 @dataclass(frozen=True)
@@ -49,6 +38,7 @@ class VerifyOptions:
     isolate: bool = False
     extra_env: Mapping[str, str] | None = None  # e.g. the test-only fault injection variable
     receipt: Path | None = None  # default: the worker reads <target sys.prefix>/share/mlstack-ds/receipt.json
+    target: TargetFacts | None = None  # the caller's probe of `python` with torch's facts (install's detect)
 
 
 @dataclass(frozen=True)
@@ -58,16 +48,14 @@ class TargetProbe:
     error: str
 
 
-def probe_target(python: Path) -> TargetProbe:
-    try:
-        result = runner.run([python, "-c", PROBE_SCRIPT], timeout=PROBE_TIMEOUT_S)
-    except ToolError as exc:
-        return TargetProbe(None, 0, exc.message)
-    try:
-        data = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return TargetProbe(None, 0, f"{python} did not run the probe: {result.tail(3)}")
-    return TargetProbe(data.get("torch"), int(data.get("gpus") or 0), data.get("error", ""))
+def probe_target(python: Path, known: TargetFacts | None = None) -> TargetProbe:
+    """Is torch importable in `python`, and how many GPUs does it see? From `known` when the caller
+    already asked this interpreter with torch's part (install: detect's probe), else from a new probe."""
+    facts = known if known is not None and known.torch_probed else target_probe.probe_target(
+        python, timeout=PROBE_TIMEOUT_S)
+    if facts.torch is None:
+        return TargetProbe(None, 0, facts.torch_error or facts.problem or "")
+    return TargetProbe(facts.torch.version, facts.torch.device_count, "")
 
 
 def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m: None) -> VerifyReport:
@@ -83,7 +71,7 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     specs = select_checks(options.only, options.skip)
     hosts = launch.parse_hostfile(options.hostfile) if options.hostfile else None
 
-    probe = probe_target(python)
+    probe = probe_target(python, options.target)
     if probe.torch_version is None:  # nothing can be checked: the environment is the problem, not a check
         raise EnvironmentProblem(f"torch is not importable in {python}: {probe.error or 'not installed'}",
                                  hint="install PyTorch there (and DeepSpeed with `mlstack-ds install`), "

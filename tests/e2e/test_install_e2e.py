@@ -57,6 +57,35 @@ def test_second_install_is_a_no_op(installed_target: Target) -> None:
     assert json.loads(result.stdout)["action"] == "up-to-date"
 
 
+COUNT_STARTS = "MLSTACK_COUNT_STARTS"
+# One line of a .pth file: run at every start of the interpreter (once: a venv's lib64 symlink makes site
+# read its site-packages twice), it appends argv[:2] to the file $MLSTACK_COUNT_STARTS names, when set.
+COUNTER_PTH = ("import os, sys; p = os.environ.get('MLSTACK_COUNT_STARTS'); p and not hasattr(sys, "
+               "'_mlstack_counted') and (setattr(sys, '_mlstack_counted', 1) or print(repr(sys.argv[:2])[:100], "
+               "file=open(p, 'a')))\n")
+
+
+def count_starts(target: Target, *args: str, log: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`mlstack-ds install ARGS` with every start of the target interpreter logged. A `--python` wrapper
+    script would miss most: after the probe, pip and verify run `plan.target_python` (the real path)."""
+    pth = next((target.venv / "lib").glob("python3*/site-packages")) / "zz-mlstack-count-starts.pth"
+    pth.write_text(COUNTER_PTH)
+    try:
+        result = target.install(*args, env={COUNT_STARTS: str(log)})
+    finally:
+        pth.unlink()
+    return result, log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_no_op_install_starts_the_target_interpreter_once(installed_target: Target, tmp_path: Path) -> None:
+    """Issue 13: detect's one probe answers everything a no-op install needs (before: 2 starts, the
+    install asked the interpreter again for what it has installed)."""
+    result, starts = count_starts(installed_target, "--json", log=tmp_path / "starts.log")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["action"] == "up-to-date"
+    assert len(starts) == 1, starts
+
+
 def test_force_reinstalls_from_the_warm_cache(installed_target: Target) -> None:
     logs_before = set((installed_target.cache / "logs").glob("*.log"))
     result = installed_target.install("--force", "--no-verify")

@@ -12,13 +12,8 @@ from doctor_inputs import make_env
 
 from mlstack_ds.deepspeed_build import parse_git_version_info
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo
-from mlstack_ds.doctor.facts import (
-    TargetPython,
-    collect_facts,
-    kfd_native_archs,
-    parse_gfx_target_version,
-    probe_target_python,
-)
+from mlstack_ds.detect.target_probe import TargetFacts, probe_target
+from mlstack_ds.doctor.facts import collect_facts, kfd_native_archs, parse_gfx_target_version
 from mlstack_ds.toolchain import probe_toolchain
 
 # In the format DeepSpeed 0.19.5's setup.py writes it (setup.py, "git_version_info_installed.py").
@@ -32,6 +27,9 @@ GIT_VERSION_INFO = (
     "torch_info={'version': '2.5', 'bf16_support': False, 'cuda_version': '0.0', 'nccl_version': '2.20', "
     "'hip_version': '6.2'}\n"
 )
+
+
+NO_ANSWER = TargetFacts(PythonInfo("python", "unknown"))
 
 
 def write(path: Path, text: str = "") -> Path:
@@ -156,8 +154,9 @@ def test_a_broken_target_interpreter_becomes_a_warning(tmp_path: Path) -> None:
     script = "#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 1\n"
     broken = write(tmp_path / "python", script)
     broken.chmod(0o755)
-    target = probe_target_python(broken, {"PATH": ""})
-    assert (target.include_dir, target.prefix, target.nvidia_packages) == (None, None, ())
+    target = probe_target(broken, {"PATH": ""}, torch=False)
+    assert (target.python.include_dir, target.python.prefix, target.nvidia_packages) == (None, None, ())
+    assert not target.answered
     assert "exited with 1" in target.warnings[0]
     assert "init_fs_encoding" in target.warnings[0]
 
@@ -175,10 +174,10 @@ def test_install_and_doctor_agree_on_the_compiler_and_libaio(tmp_path: Path) -> 
     (include / "libaio.h").write_text("")
     environ = {"PATH": str(bin_dir), "CXX": "clang++", "C_INCLUDE_PATH": str(include)}
     toolchain = probe_toolchain(environ, None)
-    facts = collect_facts(make_env(), environ=environ, root=tmp_path, target=TargetPython(None, None, ()))
+    facts = collect_facts(make_env(), environ=environ, root=tmp_path, target=NO_ANSWER)
     assert toolchain.cxx == facts.cxx_compiler == str(clang)
     assert toolchain.libaio_headers and facts.libaio_headers
     missing = {"PATH": str(bin_dir), "CXX": "g++-99"}
     assert probe_toolchain(missing, None).cxx is None
     assert collect_facts(make_env(), environ=missing, root=tmp_path,
-                         target=TargetPython(None, None, ())).cxx_compiler is None
+                         target=NO_ANSWER).cxx_compiler is None

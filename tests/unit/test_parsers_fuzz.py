@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlstack_ds.detect import nvidia, rocminfo, smi, versions
-from mlstack_ds.detect.torch_probe import parse_probe_output
+from mlstack_ds.detect.target_probe import parse_target_output
 
 CAPTURES = sorted(REAL.glob("*.txt"))
 PARSERS = [
@@ -23,7 +23,7 @@ PARSERS = [
     versions.parse_hip_version,
     versions.parse_amd_smi_version,
     nvidia.parse_nvidia_smi_csv,
-    lambda t: parse_probe_output(t, REAL),
+    lambda t: parse_target_output(t, REAL),
 ]
 
 

@@ -82,3 +82,11 @@ def test_which_prefers_path_then_extra_dirs(tmp_path: Path) -> None:
     assert which("tool", [extra], path=str(on_path)) == on_path / "tool"
     assert which("tool", [extra], path=str(tmp_path / "none")) == extra / "tool"
     assert which("tool", [], path=str(tmp_path / "none")) is None
+
+
+def test_background_keeps_what_was_printed_before_a_time_out() -> None:
+    """A staged probe (the target probe's first line, then a torch import that hangs) keeps its first stage."""
+    with run_in_background(["/bin/sh", "-c", "echo first; exec /bin/sleep 300"], timeout=1) as pending:
+        with pytest.raises(ToolTimedOut):
+            pending.result()
+        assert pending.partial_stdout() == "first\n"

@@ -1,0 +1,230 @@
+"""The one probe of the *target* interpreter (`--python`): one script, one parser, one `TargetFacts`.
+
+Why one probe: detect, doctor, install/status and verify used to start the interpreter each with its
+own script and parser, so an install started it again and again to be told the same things. Now every
+question is answered by `PROBE_SCRIPT`, in two marked JSON lines:
+
+1. `MLSTACK_TARGET_BASE:`, printed and flushed before torch is imported: the interpreter (executable,
+   version, prefix, include dir), the installed DeepSpeed (version, location, package directory, RECORD),
+   torch's *distribution* version and the `nvidia-*` packages, all from `importlib.metadata`. It is all
+   that install, status and doctor's facts need, and it arrives even when torch's import hangs (a broken
+   driver) or crashes: the caller keeps it after the time-out kills the process, or after it dies.
+2. `MLSTACK_TARGET_TORCH:`, after `import torch`: version, HIP/CUDA, the build's arch list, devices.
+
+`quick` (argv `quick`) stops after the first line: commands that need no torch facts (status, rollback,
+uninstall, the check after pip installed) never pay for torch's import.
+
+Why a subprocess: the target is often another venv, importing torch costs seconds and hundreds of MB,
+and a broken torch must not take the CLI down with it. Why no module-level cache: the project keeps no
+global state; a command that has the answer passes its `TargetFacts` on (`detect_with_target`,
+`pipeline.Prepared.target`, `VerifyOptions.target`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
+from mlstack_ds.errors import ToolError, ToolTimedOut
+from mlstack_ds.integrity import RECORD_LOCATOR
+from mlstack_ds.runner import Background, run_in_background
+
+BASE_MARKER = "MLSTACK_TARGET_BASE:"
+TORCH_MARKER = "MLSTACK_TARGET_TORCH:"
+PROBE_TIMEOUT_S = 120.0  # with torch: its import can take a minute on a cold ROCm install
+QUICK_TIMEOUT_S = 60.0  # without torch
+
+PROBE_SCRIPT = r"""
+import importlib.util, json, platform, sys, sysconfig
+from importlib import metadata
+""" + RECORD_LOCATOR + r"""
+def _version(name):
+    try:
+        return metadata.version(name)
+    except Exception:
+        return None
+
+base = {"python": {"executable": sys.executable, "version": platform.python_version(), "prefix": sys.prefix,
+                   "include_dir": sysconfig.get_paths().get("include")},
+        "deepspeed": None, "deepspeed_package": None, "deepspeed_record": None,
+        "torch_version": _version("torch"), "nvidia": []}
+try:
+    dist = metadata.distribution("deepspeed")
+    base["deepspeed"] = {"version": dist.version, "location": str(dist.locate_file(""))}
+    base["deepspeed_record"] = _mlstack_record("deepspeed")
+except Exception:
+    pass
+try:  # where `import deepspeed` would load from (found, not imported)
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is not None and spec.submodule_search_locations:
+        base["deepspeed_package"] = list(spec.submodule_search_locations)[0]
+except Exception:
+    pass
+names = set()
+for d in metadata.distributions():
+    try:
+        names.add((d.metadata["Name"] or "").lower())
+    except Exception:
+        pass
+base["nvidia"] = sorted(n for n in names if n.startswith("nvidia-"))
+print("MLSTACK_TARGET_BASE:" + json.dumps(base), flush=True)
+if sys.argv[1:] == ["quick"]:
+    sys.exit(0)
+
+out = {"torch": None, "error": None}
+try:
+    import torch
+except ModuleNotFoundError as exc:
+    if exc.name != "torch":
+        out["error"] = "import torch failed: %s" % exc
+except Exception as exc:
+    out["error"] = "import torch failed: %s: %s" % (type(exc).__name__, exc)
+else:
+    hip = getattr(torch.version, "hip", None)
+    cuda = getattr(torch.version, "cuda", None)
+    info = {"version": str(torch.__version__), "hip": hip, "cuda": cuda, "arch_list": [],
+            "device_count": 0, "devices": [], "path": str(getattr(torch, "__file__", "") or "")}
+    if hip or cuda:
+        try:
+            # The archs the wheel was compiled for, read where get_arch_list() reads them: older torch
+            # releases return [] from get_arch_list() on a host without a device (a build host).
+            arch_flags = getattr(torch._C, "_cuda_getArchFlags", None)
+            arch_flags = arch_flags() if arch_flags is not None else None
+            info["arch_list"] = arch_flags.split() if arch_flags else list(torch.cuda.get_arch_list())
+            info["device_count"] = int(torch.cuda.device_count())
+            for i in range(info["device_count"]):
+                props = torch.cuda.get_device_properties(i)
+                info["devices"].append({"name": props.name,
+                                        "gcn_arch_name": getattr(props, "gcnArchName", None)})
+        except Exception as exc:
+            out["error"] = "torch device query failed: %s: %s" % (type(exc).__name__, exc)
+    out["torch"] = info
+print("MLSTACK_TARGET_TORCH:" + json.dumps(out), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """Everything known about the target interpreter after one probe. Unknowns are `None`/empty and the
+    reason is in `problem` (the interpreter did not answer) or `torch_error` (torch's facts are missing or
+    incomplete): callers decide whether that is a warning (detect, doctor) or an error (install)."""
+
+    python: PythonInfo
+    answered: bool = False  # the first line arrived: this is a working Python interpreter
+    problem: str | None = None  # why it did not answer (its last line of output, or the start failure)
+    deepspeed: DeepSpeedInfo | None = None  # its distribution: version, location (site-packages)
+    deepspeed_package: str | None = None  # where `import deepspeed` loads from (the package directory)
+    deepspeed_record: str | None = None  # the installed DeepSpeed's *.dist-info/RECORD
+    torch_version: str | None = None  # torch's distribution version (metadata: no import)
+    nvidia_packages: tuple[str, ...] = ()
+    torch_probed: bool = False  # the second line arrived (torch imported, or known to be absent)
+    torch: TorchInfo | None = None  # None: not installed, not importable, hung, or not asked (quick)
+    torch_error: str | None = None
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for w in (self.problem, self.torch_error) if w]
+
+
+def unanswered(python: Path, problem: str) -> TargetFacts:
+    """The facts of an interpreter that said nothing usable."""
+    return TargetFacts(PythonInfo(executable=str(python), version="unknown"), problem=problem)
+
+
+def parse_target_output(stdout: str, python: Path, *, torch_expected: bool = True,
+                        interrupted: str | None = None) -> TargetFacts:
+    """The probe's marked lines as `TargetFacts`; junk and missing lines give reasons, not exceptions.
+    `interrupted`: why the process stopped early (time-out, exit code), said when a line is missing."""
+    lines = stdout.splitlines()
+    base_line = next((ln for ln in reversed(lines) if ln.startswith(BASE_MARKER)), None)
+    if base_line is None:
+        return unanswered(python, interrupted or f"{python}: the target probe printed no result")
+    try:
+        facts = _parse_base(json.loads(base_line[len(BASE_MARKER):]))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return unanswered(python, f"{python}: unreadable target probe result ({exc})")
+    if not torch_expected:
+        return facts
+    torch_line = next((ln for ln in reversed(lines) if ln.startswith(TORCH_MARKER)), None)
+    if torch_line is None:
+        reason = interrupted or f"{python} printed no torch facts"
+        return _replace(facts, torch_error=f"torch probe: {reason}")
+    try:
+        data = json.loads(torch_line[len(TORCH_MARKER):])
+        torch = _parse_torch(data.get("torch"))
+        error = str(data["error"]) if data.get("error") else None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return _replace(facts, torch_error=f"{python}: unreadable torch probe result ({exc})")
+    return _replace(facts, torch_probed=True, torch=torch, torch_error=error)
+
+
+def _parse_base(data: dict[str, Any]) -> TargetFacts:
+    py = data["python"]
+    ds = data.get("deepspeed")
+    return TargetFacts(
+        python=PythonInfo(executable=str(py["executable"]), version=str(py["version"]),
+                          prefix=py.get("prefix") or None, include_dir=py.get("include_dir") or None),
+        answered=True,
+        deepspeed=DeepSpeedInfo(version=str(ds["version"]), location=ds.get("location")) if ds else None,
+        deepspeed_package=data.get("deepspeed_package") or None,
+        deepspeed_record=data.get("deepspeed_record") or None,
+        torch_version=data.get("torch_version") or None,
+        nvidia_packages=tuple(str(n) for n in data.get("nvidia") or ()),
+    )
+
+
+def _parse_torch(data: dict[str, Any] | None) -> TorchInfo | None:
+    if not data:
+        return None
+    return TorchInfo(
+        version=str(data["version"]),
+        hip=data.get("hip") or None,
+        cuda=data.get("cuda") or None,
+        arch_list=[str(a) for a in data.get("arch_list") or []],
+        device_count=int(data.get("device_count") or 0),
+        devices=[TorchDevice(name=str(d.get("name", "")), gcn_arch_name=d.get("gcn_arch_name"))
+                 for d in data.get("devices") or []],
+        path=data.get("path") or None,
+    )
+
+
+def _replace(facts: TargetFacts, **changes: Any) -> TargetFacts:
+    return TargetFacts(**{**facts.__dict__, **changes})
+
+
+def start_target_probe(python: Path, environ: Mapping[str, str] | None = None, *, torch: bool = True,
+                       timeout: float | None = None) -> AbstractContextManager[Background]:
+    """Start the probe in `python` (without torch's part when `torch` is false); collect the answer with
+    `finish_target_probe` inside the block. `environ` None: this process's environment."""
+    argv: list[str | os.PathLike[str]] = [python, "-c", PROBE_SCRIPT, *(() if torch else ("quick",))]
+    limit = timeout if timeout is not None else PROBE_TIMEOUT_S if torch else QUICK_TIMEOUT_S
+    return run_in_background(argv, timeout=limit, env=dict(environ) if environ is not None else None)
+
+
+def finish_target_probe(python: Path, pending: Background, *, torch: bool = True) -> TargetFacts:
+    """The probe's answer. A missing or failing interpreter, or a torch import that hangs or crashes,
+    never raises: whatever was printed before is kept (the first line survives a hung torch)."""
+    try:
+        result = pending.result()
+    except ToolTimedOut as exc:
+        return parse_target_output(pending.partial_stdout(), python, torch_expected=torch,
+                                   interrupted=exc.message)
+    except ToolError as exc:
+        return unanswered(python, f"target probe: {exc.message}")
+    interrupted = None
+    if not result.ok:
+        interrupted = f"{python} exited with {result.returncode}: {result.tail(3).replace(chr(10), ' | ')}"
+    return parse_target_output(result.stdout, python, torch_expected=torch, interrupted=interrupted)
+
+
+def probe_target(python: Path, environ: Mapping[str, str] | None = None, *, torch: bool = True,
+                 timeout: float | None = None) -> TargetFacts:
+    """Start the probe and wait for its answer."""
+    with start_target_probe(python, environ, torch=torch, timeout=timeout) as pending:
+        return finish_target_probe(python, pending, torch=torch)
