@@ -13,7 +13,22 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from mlstack_ds.build import BuildProgress
-from mlstack_ds.cli.options import DEFAULT_RECIPE, DEFAULT_SOURCE, JsonOption, PythonOption, RecipeOption, SourceOption
+from mlstack_ds.cli.options import (
+    DEFAULT_RECIPE,
+    DEFAULT_SOURCE,
+    ArchOption,
+    CacheDirOption,
+    DryRunOption,
+    GitCommitOption,
+    GitUrlOption,
+    JobsOption,
+    JsonOption,
+    NoPatchesOption,
+    PythonOption,
+    RecipeOption,
+    Sha256Option,
+    SourceOption,
+)
 from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, VerifyFailed
@@ -43,18 +58,16 @@ def register(app: typer.Typer) -> None:
     def install_command(
         recipe: RecipeOption = DEFAULT_RECIPE,
         source: SourceOption = DEFAULT_SOURCE,
-        git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
-        git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
-        sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
-        arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. "
-                                        "Default: $PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
+        git_url: GitUrlOption = None,
+        git_commit: GitCommitOption = None,
+        sha256: Sha256Option = None,
+        arch: ArchOption = None,
         python: PythonOption = None,
-        jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
-                                              "(default $XDG_CACHE_HOME/mlstack-ds)."),
-        no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
+        jobs: JobsOption = None,
+        cache_dir: CacheDirOption = None,
+        no_patches: NoPatchesOption = False,
         no_verify: bool = typer.Option(False, "--no-verify", help="Skip `mlstack-ds verify` after installing."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
+        dry_run: DryRunOption = False,
         json_output: JsonOption = False,
         force: bool = typer.Option(False, "--force", help="Reinstall even if the same plan is installed and healthy."),
         rebuild: bool = typer.Option(False, "--rebuild", help="Also rebuild the wheel instead of reusing the cache."),
@@ -111,18 +124,16 @@ def register(app: typer.Typer) -> None:
     def build_command(
         recipe: RecipeOption = DEFAULT_RECIPE,
         source: SourceOption = DEFAULT_SOURCE,
-        git_url: str | None = typer.Option(None, "--git-url", help="Mirror of the DeepSpeed repo (with --source git)."),
-        git_commit: str | None = typer.Option(None, "--git-commit", help="Commit the mirror's tag must be."),
-        sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of a URL/path archive."),
-        arch: str | None = typer.Option(None, "--arch", help="GPU targets, e.g. gfx90a,gfx942. Default: "
-                                        "$PYTORCH_ROCM_ARCH, else the detected discrete GPUs."),
+        git_url: GitUrlOption = None,
+        git_commit: GitCommitOption = None,
+        sha256: Sha256Option = None,
+        arch: ArchOption = None,
         python: PythonOption = None,
-        jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs."),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Downloads, sources and wheels "
-                                              "(default $XDG_CACHE_HOME/mlstack-ds)."),
+        jobs: JobsOption = None,
+        cache_dir: CacheDirOption = None,
         wheel_dir: Path | None = typer.Option(None, "--wheel-dir", help="Also copy the wheel into this directory."),
-        no_patches: bool = typer.Option(False, "--no-patches", help="Build upstream as released, unpatched."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan and stop; change nothing."),
+        no_patches: NoPatchesOption = False,
+        dry_run: DryRunOption = False,
         json_output: JsonOption = False,
         rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the wheel instead of reusing the cache."),
     ) -> None:

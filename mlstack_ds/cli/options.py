@@ -47,4 +47,20 @@ SourceOption = Annotated[str, typer.Option(
     "default), git (the pinned tag and commit), an http(s) URL of an archive, or a local checkout, "
     "sdist directory or archive.")]
 
-__all__ = ["DEFAULT_RECIPE", "DEFAULT_SOURCE", "JsonOption", "PythonOption", "RecipeOption", "SourceOption"]
+# The build's own options, shared by `install` and `build` (the same plan, one stops at the wheel).
+GitUrlOption = Annotated[str | None, typer.Option(
+    "--git-url", help="Mirror of the DeepSpeed repo (with --source git).")]
+GitCommitOption = Annotated[str | None, typer.Option("--git-commit", help="Commit the mirror's tag must be.")]
+Sha256Option = Annotated[str | None, typer.Option("--sha256", help="Expected sha256 of a URL/path archive.")]
+ArchOption = Annotated[str | None, typer.Option(
+    "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. Default: $PYTORCH_ROCM_ARCH, else the detected "
+    "discrete GPUs.")]
+JobsOption = Annotated[int | None, typer.Option("--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs.")]
+CacheDirOption = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="Downloads, sources and wheels (default $XDG_CACHE_HOME/mlstack-ds).")]
+NoPatchesOption = Annotated[bool, typer.Option("--no-patches", help="Build upstream as released, unpatched.")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the build plan and stop; change nothing.")]
+
+__all__ = ["DEFAULT_RECIPE", "DEFAULT_SOURCE", "ArchOption", "CacheDirOption", "DryRunOption", "GitCommitOption",
+           "GitUrlOption", "JobsOption", "JsonOption", "NoPatchesOption", "PythonOption", "RecipeOption",
+           "Sha256Option", "SourceOption"]
