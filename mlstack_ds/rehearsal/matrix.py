@@ -56,7 +56,8 @@ ROWS: tuple[Row, ...] = (
     Row("mi300x-build-host-rocm7.0-torch2.14", "MI300X (gfx942), GPU-less build host, --arch", (NO_GPU,),
         rocminfo_exit=1, rocm_version="7.0.0", torch_version="2.14.0", torch_archs=TORCH_WHEEL_ARCHS,
         archs="gfx942"),
-    Row("rx6900xt-distro-rocm6.2-torch2.11", "RX 6900 XT (gfx1030), distro ROCm without .info/version",
+    Row("rx6900xt-distro-rocm6.2-torch2.11", "RX 6900 XT (gfx1030), distro ROCm and torch (no .info/version, "
+        "no +rocm tag)",
         (GFX1030,), rocm_version="6.2.4", rocm_layout="distro", torch_version="2.11.0"),
     Row("rx9070-build-host-rocm7.0-torch2.13", "RX 9070 (gfx1201), GPU-less build host, PYTORCH_ROCM_ARCH",
         (NO_GPU,), rocminfo_exit=1, rocm_version="7.0.0", torch_version="2.13.0", torch_archs=TORCH_WHEEL_ARCHS,

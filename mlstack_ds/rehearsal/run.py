@@ -85,7 +85,7 @@ class RehearsalSpec:
     rocminfo: str  # the text a real rocminfo printed on the machine
     rocminfo_exit: int = 0
     rocm_version: str = "6.4.1"
-    rocm_layout: RocmLayout = "opt"
+    rocm_layout: RocmLayout = "opt"  # "distro": packaged ROCm without .info/version, and a packaged torch
     torch_version: str = "2.13.0"  # the ROCm torch release the shim reports ("+rocmX.Y" is added)
     torch_build: str = "rocm"  # "cpu" or "cuda" rehearse the wrong torch on a ROCm host
     torch_archs: tuple[str, ...] | None = None  # archs the ROCm torch was built for; None: not known
@@ -104,7 +104,10 @@ class RehearsalSpec:
         if self.torch_build == "cuda":
             return FakeTorch(version=f"{self.torch_version}+cu126", hip=None, cuda="12.6", arch_flags=arch_flags)
         rocm = ".".join(self.rocm_version.split(".")[:2])
-        return FakeTorch(version=f"{self.torch_version}+rocm{rocm}", hip=hip_version_for(self.rocm_version),
+        # A distribution's torch package (Fedora, Debian) carries no `+rocmX.Y` tag in its version, which
+        # is one of the places 0.19.5's installed_rocm_version() looks; PyTorch's wheels do.
+        local = "" if self.rocm_layout == "distro" else f"+rocm{rocm}"
+        return FakeTorch(version=f"{self.torch_version}{local}", hip=hip_version_for(self.rocm_version),
                          arch_flags=arch_flags)
 
 
