@@ -9,7 +9,6 @@ The environment is only touched here, after the wheel exists.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import signal
 import tempfile
 import time
@@ -40,6 +39,7 @@ from mlstack_ds.receipt import (
 )
 from mlstack_ds.repack import RepackError, repack_installed
 from mlstack_ds.runner import run
+from mlstack_ds.source.cache import sha256_of
 
 # Never installed or upgraded as a side effect: the user's accelerator stack.
 PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm"})
@@ -281,15 +281,7 @@ def _keep_foreign(before: InstalledState, prefix: str, note: str, warn: Callable
         return PreviousInstall(before.deepspeed_version)
     warn(f"{what}: replacing it; `mlstack-ds rollback` restores it from the copy kept in {wheel}"
          + ("" if found.ok else f" (copied as found: {found.summary()})"))
-    return PreviousInstall(before.deepspeed_version, str(wheel), None, _sha256(wheel))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return PreviousInstall(before.deepspeed_version, str(wheel), None, sha256_of(wheel))
 
 
 def _prune_kept(prefix: str, keep: str | None) -> None:
@@ -323,7 +315,7 @@ def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _m
             "is no longer cached",
             hint=f"reinstall it yourself: pip install deepspeed=={previous.deepspeed_version}",
         )
-    if previous.wheel_sha256 and _sha256(Path(previous.wheel)) != previous.wheel_sha256:
+    if previous.wheel_sha256 and sha256_of(Path(previous.wheel)) != previous.wheel_sha256:
         raise InstallError(f"the kept copy of DeepSpeed {previous.deepspeed_version} ({previous.wheel}) was "
                            "modified since it was made; not installing it",
                            hint=f"reinstall it yourself: pip install deepspeed=={previous.deepspeed_version}")
