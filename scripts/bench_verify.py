@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "mlstack_ds" / "verify" / "worker.py"
+sys.path.insert(0, str(REPO))
+from mlstack_ds.verify import launch  # noqa: E402
+
 NAIVE_STAGES = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "checkpoint")
 GOAL_S = 60.0
 
@@ -69,13 +71,15 @@ def run_naive(python: Path) -> dict[str, Any]:
     stages: dict[str, Any] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-naive-") as tmp:
-        env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(tmp) / "torch_extensions"),
-               "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        staged = launch.stage_worker(Path(tmp) / "code")
+        env = launch.worker_env({**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(tmp) / "torch_extensions"),
+                                 "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}, staged)
         for port, stage in enumerate(NAIVE_STAGES, start=29611):
             out = Path(tmp) / stage
             stage_started = time.monotonic()
-            proc = subprocess.run([str(launcher), "--num_gpus", "2", "--master_port", str(port), str(WORKER),
-                                   "--checks", stage, "--out", str(out), "--allow-jit", "--timeout", "900"],
+            proc = subprocess.run([str(launcher), "--num_gpus", "2", "--master_port", str(port), "--module",
+                                   launch.WORKER_MODULE, "--checks", stage, "--out", str(out), "--allow-jit",
+                                   "--timeout", "900"],
                                   capture_output=True, text=True, check=False, env=env, timeout=1800)
             statuses = []
             for rank_file in sorted(out.glob("rank*.jsonl")):

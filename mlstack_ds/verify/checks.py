@@ -1,10 +1,13 @@
 """The check table: every check `verify` knows, what it needs, whether it runs by default, and which
 launch it shares.
 
+The checks themselves, and their table, live in the worker package (`mlstack_ds/verify/worker/`), which
+runs in the target interpreter; this module is the tool's view of that table.
+
 Checks in the same `launch` group run in one `torch.distributed.run` launch (start-up and process-group
 set-up are paid once). A check that must not share a process with the others (for instance if several
-ZeRO-3 engines in one process turn out to be unsafe) gets its own group name here; nothing else
-changes. `--isolate` puts every check in its own launch.
+ZeRO-3 engines in one process turn out to be unsafe) gets its own group name in its `Check` row;
+nothing else changes. `--isolate` puts every check in its own launch.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mlstack_ds.errors import UsageError
+from mlstack_ds.verify.worker import registry as worker_registry
 
 SHARED_LAUNCH = "shared"
 
@@ -21,38 +25,15 @@ SHARED_LAUNCH = "shared"
 class CheckSpec:
     name: str
     summary: str
-    needs: tuple[str, ...]  # what the check exercises: "torch", "deepspeed", "distributed", "op:<name>"
+    needs: tuple[str, ...]  # what the check exercises: "torch", "deepspeed", "distributed", "op:<name>", "pkg:<name>"
     default: bool = True
     launch: str = SHARED_LAUNCH
 
 
-CHECKS: tuple[CheckSpec, ...] = (
-    CheckSpec("environment", "accelerator, devices and archs, DeepSpeed and torch versions, receipt",
-              ("torch", "deepspeed")),
-    CheckSpec("prebuilt_ops", "the ops built ahead of time load without JIT compilation",
-              ("deepspeed",)),
-    CheckSpec("fused_adam", "FusedAdam matches torch.optim.AdamW over 10 steps",
-              ("deepspeed", "op:fused_adam")),
-    CheckSpec("cpu_adam", "DeepSpeedCPUAdam matches torch.optim.AdamW over 10 steps",
-              ("deepspeed", "op:cpu_adam")),
-    CheckSpec("fused_lamb", "FusedLamb, where built (skipped otherwise)", ("deepspeed", "op:fused_lamb")),
-    CheckSpec("fused_lion", "FusedLion, where built (skipped otherwise)", ("deepspeed", "op:fused_lion")),
-    CheckSpec("zero1", "ZeRO-1 training matches a torch AdamW copy; optimizer state partitioned",
-              ("deepspeed", "distributed")),
-    CheckSpec("zero2", "ZeRO-2 training matches a torch AdamW copy; optimizer state partitioned",
-              ("deepspeed", "distributed")),
-    CheckSpec("zero3", "ZeRO-3 training matches a torch AdamW copy; parameters partitioned ~1/N",
-              ("deepspeed", "distributed")),
-    CheckSpec("zero2_offload", "ZeRO-2 with the optimizer offloaded to CPU (cpu_adam)",
-              ("deepspeed", "distributed", "op:cpu_adam")),
-    CheckSpec("zero3_offload", "ZeRO-3 with optimizer and parameters offloaded to CPU",
-              ("deepspeed", "distributed", "op:cpu_adam")),
-    CheckSpec("precision", "bf16 / fp16 training where the device supports it", ("deepspeed", "distributed")),
-    CheckSpec("checkpoint", "ZeRO-3 save and load round trip; identical weights, training continues",
-              ("deepspeed", "distributed")),
-    CheckSpec("amd_specific", "the patched `amd_specific` config section (skipped on unpatched builds)",
-              ("deepspeed",)),
-)
+# The worker's own table (mlstack_ds/verify/worker/registry.py) is the one place a check is declared;
+# the tool reads it here without running anything (the worker imports torch and deepspeed lazily).
+CHECKS: tuple[CheckSpec, ...] = tuple(
+    CheckSpec(c.name, c.summary, tuple(c.needs), c.default, c.launch) for c in worker_registry.all_checks())
 
 CHECK_NAMES: tuple[str, ...] = tuple(spec.name for spec in CHECKS)
 

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -30,7 +31,10 @@ from mlstack_ds.errors import ToolError, ToolTimedOut, UsageError
 from mlstack_ds.textfile import read_text
 
 RUN_ID_ENV = "MLSTACK_VERIFY_RUN_ID"
-WORKER = Path(__file__).with_name("worker.py")
+# The worker package (mlstack_ds/verify/worker/) is copied into each launch's directory under this name
+# and run with `-m`, so the target interpreter imports it without the tool being installed there.
+WORKER_PACKAGE = Path(__file__).with_name("worker")
+WORKER_MODULE = "mlstack_verify_worker"
 
 
 def new_run_id() -> str:
@@ -44,9 +48,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def stage_worker(directory: Path) -> Path:
+    """Copy the worker package to `directory/mlstack_verify_worker`; returns the directory for PYTHONPATH.
+
+    A copy, not the tool's own path on PYTHONPATH: that would put every other module of the tool's
+    environment in front of the target's (its torch, if it has one)."""
+    package = directory / WORKER_MODULE
+    package.mkdir(parents=True, exist_ok=True)
+    for source in sorted(WORKER_PACKAGE.glob("*.py")):
+        shutil.copy2(source, package / source.name)
+    return directory
+
+
+def worker_env(base: Mapping[str, str], staged: Path) -> dict[str, str]:
+    """`base` with the staged worker first on PYTHONPATH (the user's PYTHONPATH is kept after it)."""
+    existing = base.get("PYTHONPATH", "")
+    return {**base, "PYTHONPATH": os.pathsep.join(p for p in (str(staged), existing) if p)}
+
+
 def worker_args(checks: Sequence[str], out_dir: Path, timeout_s: float, run_id: str,
                 receipt: Path | None = None) -> list[str]:
-    args = [str(WORKER), "--checks", ",".join(checks), "--out", str(out_dir), "--timeout", f"{timeout_s:g}",
+    """The worker's module name and arguments; the launcher's own module flag goes before them."""
+    args = [WORKER_MODULE, "--checks", ",".join(checks), "--out", str(out_dir), "--timeout", f"{timeout_s:g}",
             "--run-id", run_id]
     if receipt is not None:
         args += ["--receipt", str(receipt)]
@@ -56,7 +79,7 @@ def worker_args(checks: Sequence[str], out_dir: Path, timeout_s: float, run_id: 
 def torchrun_argv(python: Path, world_size: int, port: int, args: Sequence[str]) -> list[str]:
     """Single node: `python -m torch.distributed.run` on loopback, no restarts (a failure is a result)."""
     return [str(python), "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
-            "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0", *args]
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0", "--module", *args]
 
 
 @dataclass(frozen=True)
@@ -128,13 +151,13 @@ def deepspeed_argv(python: Path, hostfile: Path, hosts: Sequence[HostEntry], por
     """Several nodes: DeepSpeed's launcher (pdsh/ssh), master on the first host with a slot (DeepSpeed
     gives rank 0, which serves the rendezvous, to the first host with slots; a `slots=0` host runs none).
 
-    The worker path and `--out` must exist on every node (same install path or a shared file system).
+    The staged worker and `--out` must exist on every node (same path or a shared file system).
     """
     argv = [str(python), "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
             "--master_addr", next((h.host for h in hosts if h.slots), hosts[0].host), "--master_port", str(port)]
     if gpus_per_node is not None:
         argv += ["--num_gpus", str(gpus_per_node)]
-    return [*argv, *args]
+    return [*argv, "--module", *args]
 
 
 @dataclass(frozen=True)

@@ -111,14 +111,16 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
     names = [s.name for s in group]
     run_id = launch.new_run_id()
     with tempfile.TemporaryDirectory(prefix="mlstack-verify-") as tmp:
-        out_dir = Path(tmp)
+        out_dir = Path(tmp) / "results"
+        out_dir.mkdir()
+        staged = launch.stage_worker(Path(tmp) / "code")
         args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt)
         port = launch.free_port()
         if hosts is not None and options.hostfile is not None:
             argv = launch.deepspeed_argv(python, options.hostfile, hosts, port, args)
         else:
             argv = launch.torchrun_argv(python, world_size, port, args)
-        env = {**os.environ, **(options.extra_env or {})}
+        env = launch.worker_env({**os.environ, **(options.extra_env or {})}, staged)
         try:
             outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished

@@ -28,7 +28,7 @@ from mlstack_ds.verify.suite import run_verify as run_suite
 pytestmark = pytest.mark.slow
 
 RACE_PRONE = {"zero3", "zero3_offload", "checkpoint"}
-# The two ways the race shows (worker.py): a loss curve leaving the reference at a named step, or the
+# The two ways the race shows (worker/training.py): a loss curve leaving the reference at a named step, or the
 # coalesced GatheredParameters probe disagreeing with one-by-one gathers.
 RACE_SIGNATURE = re.compile(r"step \d+: loss (is (nan|inf|-inf)|\S+ deviates from the torch AdamW reference)"
                             r"|GatheredParameters over all parameters \(one coalesced all-gather\) returned "

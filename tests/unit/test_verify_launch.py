@@ -24,18 +24,29 @@ def test_torchrun_argv_uses_loopback_the_given_port_and_no_restarts() -> None:
     assert argv[argv.index("--master-addr") + 1] == "127.0.0.1"
     assert argv[argv.index("--master-port") + 1] == "29555"
     assert argv[argv.index("--max-restarts") + 1] == "0"
-    worker = argv.index(str(launch.WORKER))
-    assert argv[worker + 1:] == ["--checks", "zero1,zero3", "--out", "/tmp/out", "--timeout", "120",
-                                 "--run-id", "rid"]
+    worker = argv.index("--module")
+    assert argv[worker + 1:] == [launch.WORKER_MODULE, "--checks", "zero1,zero3", "--out", "/tmp/out",
+                                 "--timeout", "120", "--run-id", "rid"]
 
 
-def test_worker_is_shipped_next_to_the_launcher() -> None:
-    assert launch.WORKER.is_file()
+def test_worker_package_is_staged_whole(tmp_path: Path) -> None:
+    staged = launch.stage_worker(tmp_path)
+    shipped = sorted(p.name for p in launch.WORKER_PACKAGE.glob("*.py"))
+    assert {"__init__.py", "__main__.py", "registry.py"} <= set(shipped)
+    assert sorted(p.name for p in (staged / launch.WORKER_MODULE).iterdir()) == shipped
 
 
-def test_worker_imports_nothing_from_the_tool() -> None:
-    source = launch.WORKER.read_text()
-    assert "mlstack_ds" not in "\n".join(line for line in source.splitlines() if "import" in line)
+def test_worker_env_puts_the_staged_copy_first(tmp_path: Path) -> None:
+    env = launch.worker_env({"PYTHONPATH": "/user/lib", "X": "1"}, tmp_path)
+    assert env["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/user/lib" and env["X"] == "1"
+    assert launch.worker_env({}, tmp_path)["PYTHONPATH"] == str(tmp_path)
+
+
+def test_worker_imports_nothing_from_the_tool_but_itself() -> None:
+    for source in launch.WORKER_PACKAGE.glob("*.py"):
+        imports = [line.strip() for line in source.read_text().splitlines()
+                   if line.lstrip().startswith(("import ", "from "))]
+        assert not [line for line in imports if "mlstack_ds" in line], source.name
 
 
 def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
@@ -50,7 +61,7 @@ def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
     assert argv[argv.index("--master_addr") + 1] == "node-a"
     assert argv[argv.index("--master_port") + 1] == "29600"
     assert "--num_gpus" not in argv
-    assert argv[argv.index(str(launch.WORKER)):] == args
+    assert argv[argv.index("--module") + 1:] == args
     with_gpus = launch.deepspeed_argv(Path("p"), hostfile, hosts, 1, args, gpus_per_node=4)
     assert with_gpus[with_gpus.index("--num_gpus") + 1] == "4"
 

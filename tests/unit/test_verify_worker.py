@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from types import ModuleType
 
 import pytest
 
-from mlstack_ds.verify import launch
-
-
-def load_worker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mlstack_verify_worker", launch.WORKER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # stdlib-only at import time: torch/deepspeed load lazily
-    return module
-
-
-worker = load_worker()
+from mlstack_ds.verify.worker import protocol, training
 
 
 @pytest.mark.parametrize(("spec", "rank", "expected"), [
@@ -31,23 +18,23 @@ worker = load_worker()
     ("crash", 0, None),
 ])
 def test_parse_fault(spec: str, rank: int, expected: tuple[str, str | None] | None) -> None:
-    assert worker.parse_fault(spec, rank) == expected
+    assert protocol.parse_fault(spec, rank) == expected
 
 
 def test_matching_curves_pass() -> None:
-    assert worker.compare_curves([5.5, 5.1, 4.8], [5.5, 5.1000001, 4.8000002], worker.LOSS_RTOL) is None
+    assert training.compare_curves([5.5, 5.1, 4.8], [5.5, 5.1000001, 4.8000002], training.LOSS_RTOL) is None
 
 
 def test_nan_is_reported_with_its_step() -> None:
-    message = worker.compare_curves([5.5, 5.1, math.nan], [5.5, 5.1, 4.8], worker.LOSS_RTOL)
+    message = training.compare_curves([5.5, 5.1, math.nan], [5.5, 5.1, 4.8], training.LOSS_RTOL)
     assert message is not None and message.startswith("step 3: loss is nan")
 
 
 def test_quiet_deviation_is_reported_with_its_step() -> None:
     # the race's "quietly wrong" symptom from zero3-cpu-race.md: 1.1747 where 0.789 is right
-    message = worker.compare_curves([0.9, 1.1747], [0.9, 0.789], worker.LOSS_RTOL, first_step=3)
+    message = training.compare_curves([0.9, 1.1747], [0.9, 0.789], training.LOSS_RTOL, first_step=3)
     assert message is not None and message.startswith("step 4: loss 1.174700 deviates")
 
 
 def test_spike_is_caught() -> None:
-    assert worker.compare_curves([20348826.0], [0.789], worker.LOSS_RTOL) is not None
+    assert training.compare_curves([20348826.0], [0.789], training.LOSS_RTOL) is not None
