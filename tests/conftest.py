@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cold_install import INSTALLED_TARGET_FIXTURE, BackgroundInstall
 from target_env import DS_SDIST_SHA256, DS_VERSION, cached_deepspeed_sdist
 
 from mlstack_ds.recipe import find_recipe
@@ -27,6 +28,35 @@ GIT_IDENTITY = {
     "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
 }
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on the cold-installed target run last, so the install (started at the first test) overlaps
+    everything else; their relative order is kept."""
+    needs = [item for item in items if INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ())]
+    if needs:
+        others = [item for item in items if INSTALLED_TARGET_FIXTURE not in getattr(item, "fixturenames", ())]
+        items[:] = others + needs
+
+
+@pytest.fixture(scope="session")
+def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mlstack-ds's cache for the session. MLSTACK_E2E_CACHE reuses one between local runs (a warm
+    wheel cache turns the cold build into a reinstall); CI leaves it unset and builds for real."""
+    reused = os.environ.get("MLSTACK_E2E_CACHE")
+    return Path(reused) if reused else tmp_path_factory.mktemp("mlstack-cache")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, e2e_cache: Path):
+    """Start the session's cold `mlstack-ds install` at the first test when any selected test needs it
+    (tests/cold_install.py); None otherwise."""
+    if not any(INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
+    install = BackgroundInstall(tmp_path_factory.mktemp("target") / "venv", e2e_cache).start()
+    yield install
+    install.stop()
 
 
 @pytest.fixture(scope="session")

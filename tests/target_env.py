@@ -31,6 +31,9 @@ TORCH_PIN = "torch==2.13.0"  # never unpinned: an unpinned torch pulls a multi-G
 # DeepSpeed 0.19.5's requirements/requirements.txt, minus torch (pinned above).
 DEEPSPEED_RUNTIME_DEPS = ("einops", "hjson", "msgpack", "ninja", "numpy", "packaging>=20.0", "psutil",
                           "py-cpuinfo", "pydantic>=2.0.0", "tqdm")
+# What verify's hf_trainer check runs on top of DeepSpeed, at the versions the research note measured
+# (installed in the same pip call as TORCH_PIN, so torch stays at its pin).
+CLIENT_PACKAGES = ("transformers==5.23.0", "accelerate==1.15.0")
 CPU_OPS_FLAGS: Mapping[str, str] = {
     "DS_ACCELERATOR": "cpu",
     "DS_BUILD_OPS": "0",

@@ -18,7 +18,7 @@ from e2e_support import Target, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
-PLANNED_OPS = {"cpu_adam", "fused_adam", "deepspeed_shm_comm"}
+PLANNED_OPS = {"cpu_adam", "fused_adam", "deepspeed_shm_comm", "async_io", "pin_memory"}
 
 # Loads each prebuilt op the way DeepSpeed does at first use (builder.load()), with JIT made impossible:
 # a missing prebuilt op would try to compile into TORCH_EXTENSIONS_DIR, which is a file here.

@@ -20,7 +20,7 @@ from mlstack_ds.receipt import receipt_path
 
 pytestmark = pytest.mark.slow
 
-PLANNED_OPS = {"cpu_adam", "fused_adam", "deepspeed_shm_comm"}
+PLANNED_OPS = {"cpu_adam", "fused_adam", "deepspeed_shm_comm", "async_io", "pin_memory"}
 
 
 def flat(text: str) -> str:

@@ -203,10 +203,18 @@ def test_no_libaio_skips_async_io_with_reason(fake_machine, bare_python) -> None
 def test_cpu_machine(fake_machine, bare_python) -> None:
     plan = plan_for(machine(fake_machine, bare_python, None, CPU_TORCH, rocm_version=None))
     assert (plan.platform, plan.accelerator, plan.archs) == ("cpu", "cpu", ())
-    assert set(plan.built_ops) == {"cpu_adam", "fused_adam", "deepspeed_shm_comm"}
+    assert set(plan.built_ops) == {"cpu_adam", "fused_adam", "deepspeed_shm_comm", "async_io", "pin_memory"}
     assert "PYTORCH_ROCM_ARCH" not in plan.env
     with pytest.raises(UsageError, match="--arch applies to ROCm"):
         plan_for(machine(fake_machine, bare_python, None, CPU_TORCH, rocm_version=None), archs="gfx90a")
+
+
+def test_cpu_machine_without_libaio_says_why_nvme_offload_would_compile(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, None, CPU_TORCH, rocm_version=None)
+    plan = plan_for(environment, toolchain=dataclasses.replace(FULL_TOOLCHAIN, libaio_headers=False))
+    (aio,) = [op for op in plan.ops if op.name == "async_io"]
+    assert not aio.build and "libaio headers not found" in aio.reason and "libaio-dev" in aio.reason
+    assert set(plan.built_ops) == {"cpu_adam", "fused_adam", "deepspeed_shm_comm", "pin_memory"}
 
 
 def test_cuda_machine(fake_machine, bare_python) -> None:

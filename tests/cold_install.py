@@ -1,0 +1,75 @@
+"""The session's one cold `mlstack-ds install`, started in the background when the session begins.
+
+DeepSpeed's setup.py compiles its ops one after another, so the cold build keeps one core busy for
+minutes; the other core runs the rest of the suite meanwhile. The tests that need the installed target
+are moved to the end of the run (tests/conftest.py), and the first of them waits for the install here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from e2e_support import Target
+from target_env import CLIENT_PACKAGES, TORCH_PIN, make_venv
+
+INSTALLED_TARGET_FIXTURE = "installed_target"
+
+
+class BackgroundInstall:
+    """Make the target venv (torch pinned, plus the Hugging Face clients verify's hf_trainer check uses),
+    then run `mlstack-ds install --json` into it, on a daemon thread; `wait()` returns the result."""
+
+    def __init__(self, venv: Path, cache: Path) -> None:
+        self.target = Target(venv, cache)
+        self._thread = threading.Thread(target=self._run, name="cold-install", daemon=True)
+        self._proc: subprocess.Popen[str] | None = None
+        self._stopped = threading.Event()
+        self._result: subprocess.CompletedProcess[str] | None = None
+        self._error: BaseException | None = None
+        self.started_at = 0.0
+        self.seconds = 0.0
+
+    def start(self) -> BackgroundInstall:
+        self.started_at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            make_venv(self.target.venv, TORCH_PIN, *CLIENT_PACKAGES)
+            argv = [sys.executable, "-m", "mlstack_ds", "install", "--python", self.target.python,
+                    "--cache-dir", str(self.target.cache), "--json"]
+            if self._stopped.is_set():
+                return
+            self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env={**os.environ, "COLUMNS": "200"})
+            out, err = self._proc.communicate()
+            self._result = subprocess.CompletedProcess(argv, self._proc.returncode, out, err)
+        except BaseException as exc:  # handed to the waiting test, which fails with it
+            self._error = exc
+        finally:
+            self.seconds = time.monotonic() - self.started_at
+
+    def wait(self, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.stop()
+            raise TimeoutError(f"the cold install did not finish in {timeout:g} s")
+        if self._error is not None:
+            raise RuntimeError(f"making the target venv failed: {self._error}") from self._error
+        assert self._result is not None, "the cold install was stopped before it ran"
+        return self._result
+
+    def stop(self) -> None:
+        """End of session (or Ctrl-C): kill an install still running, so pytest can exit."""
+        self._stopped.set()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=30)
