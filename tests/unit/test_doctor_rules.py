@@ -394,7 +394,7 @@ def test_stale_jit_lock_fix_removes_exactly_the_ownerless_locks() -> None:
 
 def test_leaked_shm_fix_removes_exactly_the_unused_segments() -> None:
     finding = findings_of(shm_segments((), (77,), (), ()))["MLS-SYS-003"]
-    assert finding.fix[0] == f"rm -f {SHM}0 {SHM}2 {SHM}3   # frees 198 MiB"
+    assert finding.fix[0] == f"rm -f {SHM}0 {SHM}2 {SHM}3"
     names = [f"{SHM}{rank}".rsplit("/", 1)[1] for rank in (0, 2, 3)]  # rank 1 is in use
     assert finding.evidence.endswith(": " + ", ".join(names))
     assert "3 DeepSpeed all-reduce segment(s) in /dev/shm, 198 MiB" in finding.evidence

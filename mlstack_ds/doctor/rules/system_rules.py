@@ -43,8 +43,7 @@ def leaked_shm_segments(inp: DoctorInput) -> Hit | None:
     return Hit(f"{len(leaked)} DeepSpeed all-reduce segment(s) in {scan.shm_dir}, {describe_size(total)} of "
                f"shared memory, mapped or held open by no process{note}: "
                + ", ".join(s.path.rsplit("/", 1)[-1] for s in leaked),
-               fix=("rm -f " + " ".join(shlex.quote(s.path) for s in leaked)
-                    + f"   # frees {describe_size(total)}",
+               fix=("rm -f " + " ".join(shlex.quote(s.path) for s in leaked),
                     "run it while no DeepSpeed job is starting on this host (a rank may be about to open "
                     "one of these names)"))
 
