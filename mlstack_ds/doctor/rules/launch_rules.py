@@ -53,8 +53,8 @@ RULES: tuple[Rule, ...] = (
         symptom="`torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
         "network address. port: 29500, ... name: EADDRINUSE` (older torch: `failed to bind to "
         "[::]:29500 (errno: 98 - Address already in use)`): another process, often an earlier run that did "
-        "not exit, listens on the port rank 0's TCPStore needs. DeepSpeed's launcher and a torchrun given "
-        "--master_port or several nodes use 29500 unless told otherwise.",
+        "not exit, listens on the port rank 0's TCPStore needs. DeepSpeed's launcher uses 29500 unless given "
+        "--master_port, and so does a multi-node torchrun (torch 2.13's single-node torchrun picks a free port).",
         fix=port_in_use_fix(""),
         source="torch c10d TCPStore (socket.cpp); reproduced here with port 29500 held "
         "(tests/fixtures/doctor-logs/SOURCES.md); vllm-project/vllm#39015, showlab/Tune-A-Video#90 "

@@ -106,8 +106,8 @@ RULES: tuple[Rule, ...] = (
         id="MLS-SYS-003", severity="warning", title="Leaked DeepSpeed shared-memory segments in /dev/shm",
         symptom="`/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>` files, 66 MiB each, stay "
         "after the job: on the CPU accelerator every rank started with LOCAL_SIZE set (DeepSpeed's launcher) "
-        "creates one and nothing removes it. They use RAM; each new port or rank count adds more, and a "
-        "container's small /dev/shm fills up.",
+        "creates one and nothing removes it. They hold RAM (tmpfs) until removed; each new MASTER_PORT or rank "
+        "count adds more.",
         fix=("rm -f <each segment the finding names>   # only those no process maps or holds open",),
         source="DeepSpeed 0.19.5 csrc/cpu/comm/shm.cpp (shm_initialize, shared_create; shared_close's "
         "shm_unlink is never called) and shm_interface.cpp (LOCAL_SIZE); reproduced here with a 2-rank "
