@@ -22,8 +22,8 @@ port a later job reuses them; every other port or rank count adds 66 MiB of RAM 
 A segment is leaked when no process uses it and the kernel granted the lease. When the lease cannot
 be asked (another user's segment, no lease support), `/proc` alone decides, and only when every
 process that could hold it was inspected: a process running as the segment's owner (the file is mode
-0600) whose entries could not be read makes the segment `unknown`, never leaked. Other users'
-processes that could not be read are counted in `unreadable`.
+0600) whose entries could not be read makes the segment `unknown`, never leaked. Every process
+that could not be read is counted in `unreadable`.
 """
 
 from __future__ import annotations
@@ -68,7 +68,6 @@ class ShmScan:
 
 @dataclass(frozen=True)
 class _Process:
-    uids: frozenset[int]
     files: frozenset[tuple[int, int]]  # (st_dev, st_ino) of every mapped or open file
     paths: frozenset[str]
 
@@ -141,7 +140,7 @@ def _processes(proc: Path) -> tuple[dict[int, _Process], dict[int, frozenset[int
             continue
         except OSError:
             continue  # exited meanwhile
-        table[pid] = _Process(uids, files | fd_files, paths | fd_paths)
+        table[pid] = _Process(files | fd_files, paths | fd_paths)
     return table, blind
 
 

@@ -406,7 +406,7 @@ def test_a_segment_whose_owner_could_not_be_inspected_is_never_reported() -> Non
     """Without the kernel's answer (busy=None), a process of the owner that could not be read may use it."""
     assert "MLS-SYS-003" not in findings_of(shm_segments((), unknown=True))
     noted = findings_of(shm_segments((), unreadable=3))["MLS-SYS-003"]
-    assert "3 process(es) of other users not inspected" in noted.evidence
+    assert "judged from /proc alone; 3 process(es) could not be inspected" in noted.evidence
 
 
 def test_numactl_is_info_on_a_cpu_box_and_an_error_from_a_log() -> None:

@@ -37,8 +37,8 @@ def leaked_shm_segments(inp: DoctorInput) -> Hit | None:
     total = sum(s.size for s in leaked)
     in_use = len(scan.segments) - len(leaked)
     notes = [f"{in_use} more in use or not inspectable, left alone"] if in_use else []
-    if scan.unreadable:
-        notes.append(f"{scan.unreadable} process(es) of other users not inspected")
+    if scan.unreadable and any(s.busy is None for s in leaked):  # the kernel could not vouch for them
+        notes.append(f"judged from /proc alone; {scan.unreadable} process(es) could not be inspected")
     note = f" ({'; '.join(notes)})" if notes else ""
     return Hit(f"{len(leaked)} DeepSpeed all-reduce segment(s) in {scan.shm_dir}, {describe_size(total)} of "
                f"shared memory, mapped or held open by no process{note}: "
