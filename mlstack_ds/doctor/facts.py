@@ -24,6 +24,7 @@ from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
 from mlstack_ds.detect.target_probe import TargetFacts, probe_target
 from mlstack_ds.doctor.jitlocks import JitLockScan, scan_jit_locks
+from mlstack_ds.doctor.shmsegments import ShmScan, scan_shm_segments
 from mlstack_ds.install import InstalledState, check_health
 from mlstack_ds.integrity import check_files
 from mlstack_ds.receipt import ReceiptError, read_receipt, receipt_path
@@ -44,7 +45,7 @@ class SystemFacts:
     is_root: bool = False
     shm_bytes: int | None = None
     memlock_soft_bytes: int | None = None  # None: unlimited (or unknown)
-    tools: Mapping[str, str | None] = field(default_factory=dict)  # c++/g++/clang++/ninja/hipcc
+    tools: Mapping[str, str | None] = field(default_factory=dict)  # c++/g++/clang++/ninja/numactl/hipcc
     rocm_home: str | None = None
     rocm_info_version_file: bool = False  # <rocm_home>/.info/version, DeepSpeed's first version source
     usr_rocm_version_header: bool = False  # /usr/include/rocm_version.h, DeepSpeed's last one
@@ -62,6 +63,7 @@ class SystemFacts:
     kfd_native_archs: tuple[str, ...] = ()  # GPU nodes' real targets per KFD, overrides ignored
     rocm_env_missing: tuple[str, ...] = ()  # "ROCM_PATH=/x" for ROCM_PATH/ROCM_HOME set to no directory
     jit_locks: JitLockScan | None = None  # torch JIT build locks, with their live owners
+    shm_segments: ShmScan | None = None  # DeepSpeed's CPU all-reduce segments in dev/shm, with their users
     warnings: tuple[str, ...] = ()
 
     cxx: str | None = None  # toolchain.find_cxx: what a build uses ($CXX, else c++/g++/clang++)
@@ -89,7 +91,7 @@ def collect_facts(
     rocm_root = find_rocm_root(environ)
     extra_dirs = [rocm_root / "bin"] if rocm_root else []
     search_path = environ.get("PATH", "")
-    tools = {name: _str(which(name, path=search_path)) for name in (*COMPILERS, "ninja")}
+    tools = {name: _str(which(name, path=search_path)) for name in (*COMPILERS, "ninja", "numactl")}
     tools["hipcc"] = _str(which("hipcc", extra_dirs=extra_dirs, path=search_path))
     warnings: list[str] = []
     if target is None:
@@ -131,6 +133,7 @@ def collect_facts(
         kfd_native_archs=kfd_native_archs(root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes"),
         rocm_env_missing=rocm_env_missing(environ),
         jit_locks=scan_jit_locks(environ, proc=root / "proc"),
+        shm_segments=scan_shm_segments(root / "dev" / "shm", proc=root / "proc"),
         warnings=tuple(warnings),
     )
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from mlstack_ds.doctor.model import Finding, Hit, Rule
+from mlstack_ds.doctor.model import Finding, Rule
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MAX_EVIDENCE_CHARS = 240
@@ -145,7 +145,7 @@ class _LogMatcher:
                 where = ", ".join(str(n) for n in hits.next_lines)
                 where += ", …" if hits.count - 1 > len(hits.next_lines) else ""
                 more = f" (and {hits.count - 1} more line(s): {where})"
-            found.append(hits.rule.finding(Hit(f"log line {number}: {quoted}{more}"), origin="log"))
+            found.append(hits.rule.log_finding(f"log line {number}: {quoted}{more}", quoted))
         return found
 
 

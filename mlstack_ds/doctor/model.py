@@ -74,6 +74,7 @@ class Finding:
 
 
 Check = Callable[[DoctorInput], "Hit | None"]
+LogFix = Callable[[str], tuple[str, ...]]  # the first matching log line -> fix steps naming what it names
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,11 @@ class Rule:
     check: Check | None = None
     log_patterns: tuple[re.Pattern[str], ...] = field(default=())
     severity_note: str = ""  # when a finding's severity can differ from the default, say when
+    log_fix: LogFix | None = None  # a log finding's exact fix, read from its first matching line
+
+    def log_finding(self, evidence: str, line: str) -> Finding:
+        """The finding for a log whose first matching line is `line`."""
+        return self.finding(Hit(evidence, fix=self.log_fix(line) if self.log_fix else ()), origin="log")
 
     def finding(self, hit: Hit, origin: str = "system") -> Finding:
         return Finding(

@@ -197,6 +197,32 @@ def test_stale_jit_lock_found_and_its_fix_works(tmp_path: Path) -> None:
     assert "MLS-BUILD-006" not in findings(machine.run("--json"))
 
 
+def test_leaked_deepspeed_shm_segment_found_and_one_in_use_left_alone(tmp_path: Path) -> None:
+    """Named and sized as a real 2-rank run left them (fixtures/doctor-shm). The fake root's proc has no
+    processes, so only the kernel (a write lease) can tell that a live process maps rank 1's segment."""
+    machine = FakeMachine(tmp_path, None)
+    shm = machine.root / "dev" / "shm"
+    leaked, in_use = (shm / f"deepspeed_allreduce_buffer_0_127.0.0.1_29517_{rank}" for rank in (0, 1))
+    for path in (leaked, in_use):
+        with path.open("wb") as handle:
+            handle.truncate(69206024)
+    hold = ("import mmap, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); m = mmap.mmap(fd, 0); "
+            "os.close(fd); print('mapped', flush=True); time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(in_use)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "mapped"
+        finding = findings(machine.run("--json"))["MLS-SYS-003"]
+        assert finding["severity"] == "warning"
+        assert finding["evidence"].startswith(f"1 DeepSpeed all-reduce segment(s) in {shm}, 66 MiB of shared memory")
+        assert finding["fix"][0] == f"rm -f {leaked}"
+        subprocess.run(finding["fix"][0].split(), check=True)
+        assert in_use.exists() and not leaked.exists()
+        assert "MLS-SYS-003" not in findings(machine.run("--json"))
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
 def test_environment_variables_deepspeed_and_torch_cannot_use(tmp_path: Path) -> None:
     machine = FakeMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
     result = machine.run("--json", DS_ACCELERATOR="hip", DS_BUILD_OPS="1", PYTORCH_ROCM_ARCH="gfx90a;gfx1100",

@@ -83,19 +83,32 @@ def test_an_empty_root_is_all_unknowns_not_errors(tmp_path: Path) -> None:
     assert facts.shm_bytes is None and facts.kernel_cmdline is None and facts.iommu_enabled is None
     assert facts.kfd_native_archs == () and not facts.libaio_headers
     assert facts.cxx_compiler is None and facts.tools["ninja"] is None and facts.tools["hipcc"] is None
+    assert facts.tools["numactl"] is None
+    assert facts.shm_segments is not None and facts.shm_segments.segments == ()
 
 
 def test_tools_are_found_on_path_and_hipcc_under_rocm_path(tmp_path: Path) -> None:
     bin_dir, rocm = tmp_path / "bin", tmp_path / "rocm"
-    for exe in (bin_dir / "g++", bin_dir / "ninja", rocm / "bin" / "hipcc"):
+    for exe in (bin_dir / "g++", bin_dir / "ninja", bin_dir / "numactl", rocm / "bin" / "hipcc"):
         write(exe, "#!/bin/sh\n").chmod(0o755)
     write(rocm / ".info" / "version", "6.2.4-120\n")
     environ = {"PATH": str(bin_dir), "ROCM_PATH": str(rocm)}
     facts = collect_facts(this_python_env(), environ=environ, root=fake_root(tmp_path))
     assert facts.cxx_compiler == str(bin_dir / "g++")
     assert facts.tools["hipcc"] == str(rocm / "bin" / "hipcc")
+    assert facts.tools["numactl"] == str(bin_dir / "numactl")
     assert facts.rocm_home == str(rocm)
     assert facts.rocm_info_version_file
+
+
+def test_deepspeed_shm_segments_are_read_from_the_roots_dev_shm(tmp_path: Path) -> None:
+    """The segments below `root`; its `proc` has no processes, so nothing there can be using them."""
+    root = fake_root(tmp_path)
+    segment = write(root / "dev" / "shm" / "deepspeed_allreduce_buffer_0_127.0.0.1_29500_0", "x" * 100)
+    write(root / "dev" / "shm" / "sem.other", "x")
+    facts = collect_facts(this_python_env(), environ={"PATH": ""}, root=root)
+    assert facts.shm_segments is not None
+    assert [(s.path, s.size) for s in facts.shm_segments.leaked] == [(str(segment), 100)]
 
 
 def test_libaio_headers_found_through_cpath(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlstack_ds.doctor.logs import MAX_LINE_CHARS, literal_prefix, match_log, match_log_stream
-from mlstack_ds.doctor.rules import RULES
+from mlstack_ds.doctor.rules import RULES, rule_by_id
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 LOGS = FIXTURES / "doctor-logs"
@@ -43,6 +43,18 @@ LOG_CASES: dict[str, str] = {
     "waited-on-lock_torch-file-baton.txt": "MLS-BUILD-006",
     "dskernels-ds-build-ops_patches-0016.txt": "MLS-ENV-006",
     "ds-accelerator-rejected_real-accelerator-py.txt": "MLS-ENV-005",
+    "numactl-missing_captured-bind-cores-to-rank.txt": "MLS-SYS-004",
+    "mpi4py-no-launcher_captured-python-script.txt": "MLS-DS-007",
+    "eaddrinuse_captured-torchrun-master-port-29500.txt": "MLS-NET-003",
+    "eaddrinuse_captured-deepspeed-launcher-default-port.txt": "MLS-NET-003",
+    "terminate-without-active-exception_clients-on-cpu.txt": "MLS-LOG-010",
+}
+# Whole logs captured on this machine (SOURCES.md): the first line the rule must quote, when not line 1.
+FIRST_MATCH: dict[str, int] = {
+    "numactl-missing_captured-bind-cores-to-rank.txt": 8,
+    "mpi4py-no-launcher_captured-python-script.txt": 8,
+    "eaddrinuse_captured-torchrun-master-port-29500.txt": 45,
+    "eaddrinuse_captured-deepspeed-launcher-default-port.txt": 37,
 }
 # Rules whose texts come from the real ds_report capture rather than from a quote file.
 FROM_DS_REPORT = {"MLS-BUILD-005", "MLS-LOG-004", "MLS-DS-001"}
@@ -73,7 +85,7 @@ def test_quoted_error_is_recognised(name: str) -> None:
     rule_id = LOG_CASES[name]
     assert rule_id in found
     assert found[rule_id].origin == "log"
-    assert found[rule_id].evidence.startswith("log line 1: ")
+    assert found[rule_id].evidence.startswith(f"log line {FIRST_MATCH.get(name, 1)}: ")
 
 
 @pytest.mark.parametrize("name", sorted(LOG_CASES))
@@ -197,3 +209,36 @@ def test_every_log_pattern_starts_with_a_literal() -> None:
 def test_literal_prefix(pattern: str, prefix: str) -> None:
     assert literal_prefix(re.compile(pattern)) == prefix
     assert literal_prefix(re.compile(pattern, re.IGNORECASE)) == ""
+
+
+@pytest.mark.parametrize(
+    ("line", "port"),
+    [
+        ((LOGS / "eaddrinuse_captured-deepspeed-launcher-default-port.txt").read_text().splitlines()[36], "29500"),
+        # older torch (showlab/Tune-A-Video#90)
+        ("RuntimeError: The server socket has failed to listen on any local network address. The server socket "
+         "has failed to bind to [::]:29500 (errno: 98 - Address already in use).", "29500"),
+        ("[W socket.cpp:426] [c10d] The server socket has failed to bind to 0.0.0.0:25641 (errno: 98 - Address "
+         "already in use).", "25641"),  # hunto/DIST_KD#10, a torchrun given --master_port=25641
+    ],
+)
+def test_port_in_use_names_the_port_in_its_fix(line: str, port: str) -> None:
+    [finding] = match_log(line, RULES)
+    assert finding.rule_id == "MLS-NET-003"
+    assert finding.fix[0].startswith(f"ss -ltnp 'sport = :{port}'   # which process listens on port {port}")
+    assert "<port>" in rule_by_id("MLS-NET-003").fix[0]  # the page's generic fix
+
+
+def test_numactl_log_quotes_both_lines() -> None:
+    [finding] = match_log((LOGS / "numactl-missing_captured-bind-cores-to-rank.txt").read_text(), RULES)
+    assert finding.evidence == "log line 8: please install the numactl package with apt (and 1 more line(s): 21)"
+    assert finding.severity == "error"
+
+
+def test_abort_at_exit_explanation_is_one_amendable_constant() -> None:
+    from mlstack_ds.doctor.rules import launch_rules
+
+    rule = rule_by_id("MLS-LOG-010")
+    assert rule.symptom is launch_rules.ABORT_AT_EXIT_EXPLANATION
+    assert rule.fix is launch_rules.ABORT_AT_EXIT_FIX
+    assert "torch.distributed.destroy_process_group()" in rule.fix[0]

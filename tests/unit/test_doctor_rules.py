@@ -26,6 +26,7 @@ from mlstack_ds.doctor.engine import run_rules
 from mlstack_ds.doctor.jitlocks import JitLock, JitLockScan
 from mlstack_ds.doctor.model import DoctorInput, Finding
 from mlstack_ds.doctor.rules import RULES, rule_by_id
+from mlstack_ds.doctor.shmsegments import ShmScan, ShmSegment
 
 CUDA_TORCH = TorchInfo("2.7.0+cu128", hip=None, cuda="12.8", arch_list=["sm_90"], device_count=0, devices=[])
 CPU_TORCH = TorchInfo("2.13.0+cpu", hip=None, cuda=None, arch_list=[], device_count=0, devices=[])
@@ -81,6 +82,21 @@ def jit_locks(*owners: tuple[int, ...], unreadable: int = 0) -> DoctorInput:
     return make_input(facts=healthy_facts(jit_locks=JitLockScan(EXT, locks, unreadable)))
 
 
+SHM = "/dev/shm/deepspeed_allreduce_buffer_0_127.0.0.1_29517_"  # the names the captured run left
+SEGMENT_BYTES = 69206024  # their size (tests/fixtures/doctor-shm)
+
+
+def shm_segments(*users: tuple[int, ...], unknown: bool = False, unreadable: int = 0) -> DoctorInput:
+    """One segment per entry of `users` (pids mapping it; () when its ranks are gone)."""
+    segments = tuple(ShmSegment(f"{SHM}{rank}", SEGMENT_BYTES, 0, pids, unknown=unknown)
+                     for rank, pids in enumerate(users))
+    return make_input(facts=healthy_facts(shm_segments=ShmScan("/dev/shm", segments, unreadable)))
+
+
+def cpu_box(**tools: str) -> DoctorInput:
+    return make_input(make_env(gpus=[], torch=CPU_TORCH), dataclasses.replace(NO_AMD, tools=tools))
+
+
 def mi210s_with(**env_vars: str) -> DoctorInput:
     return make_input(make_env(gpus_from(MI210X4), env_vars=env_vars, rocm=rocm("6.2.4")))
 
@@ -131,6 +147,8 @@ TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
                                              "cpu_adam_op.so) of the 1500 files listed in /r/RECORD",))),
     "MLS-SYS-001": lambda: make_input(facts=healthy_facts(shm_bytes=64 * 1024**2)),
     "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**2)),
+    "MLS-SYS-003": lambda: shm_segments((), ()),
+    "MLS-SYS-004": lambda: cpu_box(**{"c++": "/usr/bin/c++"}),
     "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4")),
                                       healthy_facts(kernel_cmdline="ro quiet")),
 }
@@ -177,6 +195,8 @@ SILENT: dict[str, Callable[[], DoctorInput]] = {
     "MLS-DS-006": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
     "MLS-SYS-001": make_input,
     "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**3)),
+    "MLS-SYS-003": lambda: shm_segments((4242,), (4243,)),  # a job running
+    "MLS-SYS-004": lambda: cpu_box(numactl="/usr/bin/numactl"),
     "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4"))),  # iommu=pt
 }
 
@@ -370,3 +390,26 @@ def test_stale_jit_lock_fix_removes_exactly_the_ownerless_locks() -> None:
     assert "(op op0, 3 h old)" in finding.evidence
     noted = findings_of(jit_locks((), unreadable=5))["MLS-BUILD-006"]
     assert "5 process(es) of other users not inspected" in noted.evidence
+
+
+def test_leaked_shm_fix_removes_exactly_the_unused_segments() -> None:
+    finding = findings_of(shm_segments((), (77,), (), ()))["MLS-SYS-003"]
+    assert finding.fix[0] == f"rm -f {SHM}0 {SHM}2 {SHM}3"
+    names = [f"{SHM}{rank}".rsplit("/", 1)[1] for rank in (0, 2, 3)]  # rank 1 is in use
+    assert finding.evidence.endswith(": " + ", ".join(names))
+    assert "3 DeepSpeed all-reduce segment(s) in /dev/shm, 198 MiB" in finding.evidence
+    assert "1 more in use or not inspectable, left alone" in finding.evidence
+    assert finding.severity == "warning"
+
+
+def test_a_segment_whose_owner_could_not_be_inspected_is_never_reported() -> None:
+    """Without the kernel's answer (busy=None), a process of the owner that could not be read may use it."""
+    assert "MLS-SYS-003" not in findings_of(shm_segments((), unknown=True))
+    noted = findings_of(shm_segments((), unreadable=3))["MLS-SYS-003"]
+    assert "judged from /proc alone; 3 process(es) could not be inspected" in noted.evidence
+
+
+def test_numactl_is_info_on_a_cpu_box_and_an_error_from_a_log() -> None:
+    assert findings_of(TRIGGERS["MLS-SYS-004"]())["MLS-SYS-004"].severity == "info"
+    assert rule_by_id("MLS-SYS-004").severity == "error"
+    assert "MLS-SYS-004" not in findings_of(make_input())  # ROCm: only --bind_cores_to_rank needs it

@@ -9,6 +9,7 @@ from mlstack_ds.doctor.rules import (
     device_rules,
     env_rules,
     jit_rules,
+    launch_rules,
     log_rules,
     system_rules,
     torch_rules,
@@ -37,6 +38,7 @@ RULES: tuple[Rule, ...] = _registry(
     jit_rules.RULES,
     deepspeed_rules.RULES,
     system_rules.RULES,
+    launch_rules.RULES,
     log_rules.RULES,
 )
 

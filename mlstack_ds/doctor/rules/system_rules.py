@@ -1,11 +1,13 @@
-"""Host limits and platform settings that break multi-rank runs: /dev/shm, memlock, IOMMU."""
+"""Host limits and platform settings that break multi-rank runs: /dev/shm, memlock, IOMMU, numactl."""
 
 from __future__ import annotations
 
 import re
+import shlex
 
 from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
 from mlstack_ds.doctor.rules.common import amd_gpus, rocm_target
+from mlstack_ds.doctor.shmsegments import describe_size
 
 MIN_SHM_BYTES = 512 * 1024**2  # DeepSpeed's own ds_report threshold (deepspeed/env_report.py)
 MIN_MEMLOCK_BYTES = 1024**3
@@ -25,6 +27,34 @@ def memlock_too_low(inp: DoctorInput) -> Hit | None:
     if limit is None or limit >= MIN_MEMLOCK_BYTES or not gpu_target:
         return None
     return Hit(f"ulimit -l is {limit // 1024} KiB")
+
+
+def leaked_shm_segments(inp: DoctorInput) -> Hit | None:
+    scan = inp.facts.shm_segments
+    leaked = scan.leaked if scan else ()
+    if not scan or not leaked:
+        return None
+    total = sum(s.size for s in leaked)
+    in_use = len(scan.segments) - len(leaked)
+    notes = [f"{in_use} more in use or not inspectable, left alone"] if in_use else []
+    if scan.unreadable and any(s.busy is None for s in leaked):  # the kernel could not vouch for them
+        notes.append(f"judged from /proc alone; {scan.unreadable} process(es) could not be inspected")
+    note = f" ({'; '.join(notes)})" if notes else ""
+    return Hit(f"{len(leaked)} DeepSpeed all-reduce segment(s) in {scan.shm_dir}, {describe_size(total)} of "
+               f"shared memory, mapped or held open by no process{note}: "
+               + ", ".join(s.path.rsplit("/", 1)[-1] for s in leaked),
+               fix=("rm -f " + " ".join(shlex.quote(s.path) for s in leaked),
+                    "run it while no DeepSpeed job is starting on this host (a rank may be about to open "
+                    "one of these names)"))
+
+
+def numactl_missing(inp: DoctorInput) -> Hit | None:
+    """DeepSpeed's launcher runs `numactl` only with --bind_cores_to_rank, which the CPU accelerator's
+    documentation recommends; on other platforms nobody asks for it."""
+    if inp.env.platform != "cpu" or inp.facts.tools.get("numactl"):
+        return None
+    return Hit("numactl is not on PATH: `deepspeed --bind_cores_to_rank` (recommended for DeepSpeed on CPU) "
+               "cannot start its ranks", severity="info")
 
 
 def iommu_not_passthrough(inp: DoctorInput) -> Hit | None:
@@ -71,6 +101,34 @@ RULES: tuple[Rule, ...] = (
              "/etc/security/limits.conf: * soft memlock unlimited / * hard memlock unlimited"),
         source="issue #7 (pinned memory; no catalogue entry quotes a memlock failure)",
         check=memlock_too_low,
+    ),
+    Rule(
+        id="MLS-SYS-003", severity="warning", title="Leaked DeepSpeed shared-memory segments in /dev/shm",
+        symptom="`/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>` files, 66 MiB each, stay "
+        "after the job: on the CPU accelerator every rank started with LOCAL_SIZE set (DeepSpeed's launcher) "
+        "creates one and nothing removes it. They hold RAM (tmpfs) until removed; each new MASTER_PORT or rank "
+        "count adds more.",
+        fix=("rm -f <each segment the finding names>   # only those no process maps or holds open",),
+        source="DeepSpeed 0.19.5 csrc/cpu/comm/shm.cpp (shm_initialize, shared_create; shared_close's "
+        "shm_unlink is never called) and shm_interface.cpp (LOCAL_SIZE); reproduced here with a 2-rank "
+        "`deepspeed` run (tests/fixtures/doctor-shm/SOURCES.md); research note clients-on-cpu.md "
+        "(36 piled up)",
+        check=leaked_shm_segments,
+    ),
+    Rule(
+        id="MLS-SYS-004", severity="error", title="numactl is missing (deepspeed --bind_cores_to_rank)",
+        symptom="`deepspeed --bind_cores_to_rank` prints `please install the numactl package with apt` and "
+        "dies with `FileNotFoundError: [Errno 2] No such file or directory: 'numactl'` before any rank starts.",
+        fix=("sudo apt-get install numactl   # Debian/Ubuntu",
+             "sudo dnf install numactl   # Fedora/RHEL",
+             "or launch without --bind_cores_to_rank"),
+        source="DeepSpeed 0.19.5 deepspeed/utils/numa.py (get_numactl_cmd, check_for_numactl_pkg) and "
+        "launcher/launch.py; reproduced here (tests/fixtures/doctor-logs/SOURCES.md)",
+        check=numactl_missing,
+        log_patterns=(re.compile(r"No such file or directory: 'numactl'"),
+                      re.compile(r"please install the numactl package")),
+        severity_note="info on a CPU machine without numactl (nothing fails until the flag is used); error "
+        "when a log shows the failed launch",
     ),
     Rule(
         id="MLS-NET-001", severity="warning", title="Multi-GPU host without iommu=pt",
