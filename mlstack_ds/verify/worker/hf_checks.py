@@ -275,6 +275,9 @@ def check_hf_trainer(ctx):
     problems = []
     if "DEEPSPEED" in plain["distributed_type"]:
         problems.append("the plain Trainer ran under DeepSpeed: state of an earlier Trainer leaked into it")
+    if plain["world_size"] != ctx.world_size:
+        problems.append(f"the plain Trainer saw world size {plain['world_size']}, the process group has "
+                        f"{ctx.world_size}")
     if not plain["losses"] or not plain["losses"][-1] < plain["losses"][0]:
         problems.append(f"the plain Trainer's loss did not decrease over {STEPS} steps: {plain['losses']}")
     for name, stage in (("zero2", 2), ("zero3", 3)):
