@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
+from mlstack_ds.verify import launch
 from mlstack_ds.verify.suite import VerifyOptions
 from mlstack_ds.verify.suite import run_verify as run_suite
+from mlstack_ds.verify.worker import hf_checks
 
 pytestmark = pytest.mark.slow
 
@@ -56,12 +58,6 @@ def race_fixed(python: Path) -> bool:
     return "launch_handles[-1].wait()" not in Path(out.strip().splitlines()[-1]).read_text()
 
 
-def has_transformers(python: Path) -> bool:
-    """Can the target run hf_trainer? `mlstack-ds install` does not put transformers in; users may."""
-    return subprocess.run([str(python), "-c", "import transformers, accelerate"], capture_output=True,
-                          check=False).returncode == 0
-
-
 def leftover_processes(marker: str) -> list[int]:
     needle = marker.encode()
     found = []
@@ -86,9 +82,8 @@ def test_full_suite_on_two_cpu_ranks(target_venv) -> None:
                      f"[verify e2e] failures: {failures or 'none'}\n")
     assert report["world_size"] == 2 and len(report["launches"]) == 1
     strict = race_fixed(target_venv.python)
-    skips = EXPECTED_SKIPS if has_transformers(target_venv.python) else EXPECTED_SKIPS | {"hf_trainer"}
     for name, check in checks.items():
-        if name in skips:
+        if name in EXPECTED_SKIPS:
             assert check["status"] == "skip" and check["reason"], check
         elif name in RACE_PRONE and not strict and check["status"] == "fail":
             assert RACE_SIGNATURE.search(check["reason"]), check  # the known race, caught honestly
@@ -101,7 +96,30 @@ def test_full_suite_on_two_cpu_ranks(target_venv) -> None:
     assert 0.45 <= zero3["param_share"] <= 0.55 and zero3["partitioned_params"] > 0
     assert 0.45 <= checks["zero1"]["details"]["optimizer_state_share"] <= 0.55
     assert "bf16" in checks["precision"]["details"]["ran"]
+    hf = checks["hf_trainer"]["details"]  # the target has transformers and accelerate (tests/cold_install.py)
+    assert "MULTI_" in hf["plain"]["distributed_type"]  # the reference is DDP over the same ranks
+    for stage in ("zero2", "zero3"):
+        assert hf[stage]["filled"]["train_batch_size"] == hf_checks.MICRO_BATCH * report["world_size"]
+        assert hf[stage]["max_loss_deviation"] <= 1e-5
+        assert hf[stage]["param_relative_distance"] <= hf_checks.HF_PARAM_RTOL
+    assert hf["plain"]["losses"][-1] < hf["plain"]["losses"][0] - 0.1  # it trains visibly
     assert proc.returncode == (0 if report["ok"] else 8)
+
+
+def test_hf_trainers_leave_nothing_behind_for_later_checks(target_venv, tmp_path: Path) -> None:
+    """Two Trainer checks in one process, then a DeepSpeed engine of the suite's own: all pass."""
+    order = ["hf_trainer", "hf_trainer", "zero3"]
+    staged = launch.stage_worker(tmp_path / "code")
+    run_id = launch.new_run_id()
+    argv = launch.torchrun_argv(target_venv.python, 2, launch.free_port(),
+                                launch.worker_args(order, tmp_path / "out", 600, run_id))
+    outcome = launch.run_launch(argv, timeout_s=900, run_id=run_id,
+                                env=launch.worker_env({**os.environ, "DS_ACCELERATOR": "cpu"}, staged))
+    assert outcome.returncode == 0, outcome.log_tail
+    for rank in (0, 1):
+        lines = (tmp_path / "out" / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines()
+        results = [json.loads(line) for line in lines if '"event": "result"' in line]
+        assert [(r["check"], r["status"]) for r in results] == [(name, "pass") for name in order], results
 
 
 def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: Path) -> None:
@@ -114,10 +132,13 @@ def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: 
 
 
 def test_deepspeed_without_prebuilt_ops_fails_instead_of_compiling(no_ops_venv) -> None:
-    proc, report = run_verify(no_ops_venv.python, "--only", "environment,prebuilt_ops,cpu_adam,zero2_offload",
-                              "--timeout", "180")
+    proc, report = run_verify(no_ops_venv.python, "--only",
+                              "environment,prebuilt_ops,cpu_adam,zero2_offload,hf_trainer", "--timeout", "180")
     checks = by_name(report)
     assert proc.returncode == 8
+    # no transformers in this target: the Trainer check says how to get it rather than failing
+    hf = checks.pop("hf_trainer")
+    assert hf["status"] == "skip" and hf["reason"].startswith(hf_checks.MISSING), hf
     assert all(c["status"] == "fail" for c in checks.values())
     # On CPU, deepspeed.init_distributed loads the shm_comm op: without a prebuilt one it would compile.
     jit_shm = "op 'deepspeed_shm_comm' is not prebuilt: DeepSpeed tried to JIT-compile it"

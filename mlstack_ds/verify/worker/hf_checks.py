@@ -255,10 +255,11 @@ def judge(name, stage, runs, initial, world_size):
 
 
 def check_hf_trainer(ctx):
-    ctx.need_dist()
+    ctx.need_deepspeed()
     started = time.monotonic()
     with restored_environ():
-        hf = import_hf(ctx.torch)
+        hf = import_hf(ctx.torch)  # a target without transformers skips, whatever else is wrong with it
+        ctx.need_dist()
         data = synthetic_data(ctx.torch, ctx.world_size)
         initial = [p.detach().to(dtype=ctx.torch.float64).clone() for p in initial_model(hf).parameters()]
         runs = {}
