@@ -6,16 +6,18 @@ import re
 
 from mlstack_ds.doctor.model import Rule
 
-# MLS-LOG-010's explanation and fix, kept here so they can be amended in one place once the cause of
-# the abort is known (it is being investigated; nothing below claims a cause).
+# MLS-LOG-010's explanation and fix; the evidence for the cause (core backtraces, counts per variant) is
+# docs/abort-at-exit.md.
 ABORT_AT_EXIT_EXPLANATION = (
     "`terminate called without an active exception`, often followed by torchrun's `Signal 6 (SIGABRT)` "
-    "summary (exit code -6): the process aborted at interpreter exit, after its work. Seen after DeepSpeed "
-    "CPU/gloo runs had finished; results written before the abort (checkpoints, logs, saved models) are "
-    "complete, but the launcher reports the run as failed."
+    "summary (exit code -6): the process aborted at interpreter exit, after its work. The cause is torch's "
+    "gloo worker thread releasing a finished collective while CPython 3.11 shuts down (it needs the GIL "
+    "inside a noexcept destructor), not DeepSpeed: docs/abort-at-exit.md. Results written before the abort "
+    "(checkpoints, logs, saved models) are complete, but the launcher reports the run as failed."
 )
 ABORT_AT_EXIT_FIX = (
-    "call torch.distributed.destroy_process_group() at the end of the script, then re-run",
+    "end the script with torch.distributed.destroy_process_group() (HF Trainer: "
+    "trainer.accelerator.end_training()), then re-run",
 )
 
 _PORT_RE = re.compile(r"port: (\d+)|:(\d+) \(errno: 98")
