@@ -29,10 +29,10 @@ PIPELINE_LOSS_RTOL, PIPELINE_LOSS_ATOL = 1e-6, 1e-6
 # every weight matrix agrees within 6e-6. One step's largest AdamW move (lr) still catches a stage that did
 # not step, or stepped on wrong gradients.
 PIPELINE_PARAM_ATOL = LR
-# ZeRO-1, not ZeRO-0: with ZeRO-0 (fp32) DeepSpeed 0.19.5 clips pipeline gradients by a norm that counts only
-# the first stage's gradients (runtime/utils.clip_grad_norm_ sums the norms of model-parallel rank 0 and
-# of parameters marked model_parallel, which pipeline stages' parameters are not), so it does not clip as
-# torch's clip_grad_norm_ over the whole model does.
+# ZeRO-1, not ZeRO-0: with ZeRO-0 (fp32) DeepSpeed 0.19.5 clips pipeline gradients by the first stage's
+# gradient norm alone (runtime/utils.clip_grad_norm_ counts unmarked parameters only where
+# mpu.get_model_parallel_rank() is 0, and a pipeline grid numbers its stages there), so it does not clip as
+# torch's clip_grad_norm_ over the whole model does; ZeRO-1 asks for the tensor-parallel rank and does.
 PIPELINE_ZERO_STAGE = 1
 # Recomputing a block in backward runs the same kernels on the same inputs (and DeepSpeed restores the RNG
 # state, so dropout draws the same mask): the gradients match the plain run's bitwise on CPU. The tolerance
