@@ -151,9 +151,10 @@ def run_pipeline(ctx, checkpoint_interval=0):
                                  "param_atol": PIPELINE_PARAM_ATOL}}
         details.update(zero_stage=PIPELINE_ZERO_STAGE, checkpointed_calls_this_rank=checkpointed[0])
         problems = []
-        if checkpoint_interval and not checkpointed[0]:
+        # a stage holding only the embedding or the head has nothing to checkpoint (3 stages: 1 layer each)
+        if checkpoint_interval and any(module.is_checkpointable_results) and not checkpointed[0]:
             problems.append(f"activation_checkpoint_interval={checkpoint_interval} but this stage checkpointed "
-                            "no layer")
+                            "none of its blocks")
         for step, (got, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
             if not finite(got) or not close(got, want, PIPELINE_LOSS_RTOL, PIPELINE_LOSS_ATOL):
                 problems.append(f"step {step}: pipeline loss {got:.7f} vs torch {want:.7f} (tolerance "
