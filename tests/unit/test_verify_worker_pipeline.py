@@ -89,18 +89,18 @@ def test_consolidated_state_dict_must_match_bitwise() -> None:
     live = [torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([3.0], dtype=torch.float64)]
     names = ["a.weight", "b.bias"]
     same = {"a.weight": torch.tensor([1.0, 2.0]), "b.bias": torch.tensor([3.0])}
-    verdict = zero_checks.compare_consolidated(torch, same, names, live)
-    assert verdict["problems"] == [] and verdict["mismatches"] == 0 and verdict["tensors"] == 2
+    verdict, problems = zero_checks.compare_consolidated(torch, same, names, live)
+    assert problems == [] and verdict["mismatches"] == 0 and verdict["tensors"] == 2
     off_by_one_ulp = {"a.weight": torch.tensor([1.0, 2.0]),
                       "b.bias": torch.nextafter(torch.tensor([3.0]), torch.tensor([4.0]))}
-    verdict = zero_checks.compare_consolidated(torch, off_by_one_ulp, names, live)
-    assert verdict["mismatches"] == 1 and "1 of 2 consolidated tensors differ" in verdict["problems"][0]
+    verdict, problems = zero_checks.compare_consolidated(torch, off_by_one_ulp, names, live)
+    assert verdict["mismatches"] == 1 and "1 of 2 consolidated tensors differ" in problems[0]
     assert 0 < verdict["max_abs_diff"] < 1e-6
     missing = {"a.weight": torch.tensor([1.0, 2.0]), "c": torch.tensor([0.0])}
-    verdict = zero_checks.compare_consolidated(torch, missing, names, live)
-    assert verdict["missing"] == ["b.bias"] and verdict["unexpected"] == ["c"]
+    verdict, problems = zero_checks.compare_consolidated(torch, missing, names, live)
+    assert verdict["missing"] == ["b.bias"] and verdict["unexpected"] == ["c"] and "missing ['b.bias']" in problems[0]
     half = {"a.weight": torch.tensor([1.0, 2.0], dtype=torch.float16), "b.bias": torch.tensor([3.0])}
-    assert any("not fp32" in p for p in zero_checks.compare_consolidated(torch, half, names, live)["problems"])
+    assert any("not fp32" in p for p in zero_checks.compare_consolidated(torch, half, names, live)[1])
 
 
 def test_nvme_buffers_hold_the_largest_parameter_on_one_rank(tmp_path: Path) -> None:

@@ -118,24 +118,22 @@ def check_zero_to_fp32(ctx):
                 state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag="verify")
                 verdict[0] = compare_consolidated(torch, state, names, live)
             except Exception as exc:  # reported by every rank, not only the one that read the files
-                verdict[0] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+                verdict[0] = ({"error": error}, [f"get_fp32_state_dict_from_zero_checkpoint failed on the "
+                                                 f"ZeRO-3 checkpoint: {error}"])
         torch.distributed.broadcast_object_list(verdict, src=0)
     finally:
         torch.distributed.barrier()
         if ctx.rank == 0:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
-    details = verdict[0]
-    if "error" in details:
-        raise CheckFailed(f"get_fp32_state_dict_from_zero_checkpoint failed on the ZeRO-3 checkpoint: "
-                          f"{details['error']}", details)
-    if details["problems"]:
-        raise CheckFailed("; ".join(details.pop("problems")), details)
-    details.pop("problems")
+    details, problems = verdict[0]
+    if problems:
+        raise CheckFailed("; ".join(problems), details)
     return details
 
 
 def compare_consolidated(torch, state, names, live):
-    """Bitwise comparison of the consolidated fp32 state dict with the live parameters (float64 copies)."""
+    """(details, problems): the consolidated fp32 state dict against the live parameters (float64 copies), bitwise."""
     missing = [n for n in names if n not in state]
     extra = sorted(set(state) - set(names))
     mismatched, not_fp32, worst = [], [], 0.0
@@ -161,9 +159,10 @@ def compare_consolidated(torch, state, names, live):
                         f"parameters (max abs diff {worst:g}; first: {mismatched[0]})")
     if not_fp32:
         problems.append(f"consolidated tensors are not fp32: {not_fp32[:3]}")
-    return {"tensors": len(state), "parameters": len(names), "mismatches": len(mismatched),
-            "max_abs_diff": worst, "missing": missing[:10], "unexpected": extra[:10], "steps": ZERO_TO_FP32_STEPS,
-            "reference": "engine parameters gathered one by one (GatheredParameters)", "problems": problems}
+    details = {"tensors": len(state), "parameters": len(names), "mismatches": len(mismatched),
+               "max_abs_diff": worst, "missing": missing[:10], "unexpected": extra[:10], "steps": ZERO_TO_FP32_STEPS,
+               "reference": "engine parameters gathered one by one (GatheredParameters)"}
+    return details, problems
 
 
 # NVMe offload: every buffer is sized for this suite's model (the largest ZeRO-3 partition is half of a
