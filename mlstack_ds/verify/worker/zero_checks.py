@@ -200,6 +200,8 @@ def check_nvme_offload(ctx):
         details = train_and_judge(ctx, nvme_config(nvme_path), inspect=swap_files(nvme_path))
     except JitBuildRefused as exc:
         raise CheckFailed(f"NVMe offload needs an op that is not prebuilt: {exc}") from exc
+    except ImportError as exc:  # e.g. an async_io_op built without linking libaio: undefined symbol io_submit
+        raise CheckFailed(f"NVMe offload: a prebuilt op does not load: {exc}") from exc
     finally:
         shutil.rmtree(nvme_path, ignore_errors=True)
     return details
