@@ -5,7 +5,8 @@ from __future__ import annotations
 import shutil
 
 from .context import accelerator
-from .protocol import Check, CheckFailed, SkipCheck
+from .env_checks import expected_ops
+from .protocol import Check, CheckFailed, JitBuildRefused, SkipCheck
 from .training import (
     LOSS_RTOL,
     LOW_PRECISION_RTOL,
@@ -86,6 +87,138 @@ def check_checkpoint(ctx):
             shutil.rmtree(ckpt_dir, ignore_errors=True)
 
 
+ZERO_TO_FP32_STEPS = 2  # enough for the master weights to move away from the initial ones
+
+
+def check_zero_to_fp32(ctx):
+    """ZeRO-3 checkpoint consolidated by DeepSpeed's own tool == the parameters gathered from the live engine.
+
+    `get_fp32_state_dict_from_zero_checkpoint` is what the `zero_to_fp32.py` script that save_checkpoint
+    writes next to the shards runs; it rebuilds each tensor from the per-rank fp32 partitions, so a wrong
+    offset or padding shows as a mismatch here and nowhere in training.
+    """
+    ctx.need_dist()
+    torch = ctx.torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: PLC0415
+
+    ckpt_dir = ctx.out_dir / "zero_to_fp32"
+    run = PairedRun(ctx, ds_config(3))
+    try:
+        run.run(ZERO_TO_FP32_STEPS)
+        run.engine.save_checkpoint(str(ckpt_dir), tag="verify")
+        names = [name for name, _ in run.engine.module.named_parameters()]
+        live = full_parameters(ctx, run.engine)
+    finally:
+        run.destroy()
+    torch.distributed.barrier()  # every rank's shards are on disk before rank 0 reads them
+    verdict = [None]
+    try:
+        if ctx.rank == 0:
+            try:
+                state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag="verify")
+                verdict[0] = compare_consolidated(torch, state, names, live)
+            except Exception as exc:  # reported by every rank, not only the one that read the files
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+                verdict[0] = ({"error": error}, [f"get_fp32_state_dict_from_zero_checkpoint failed on the "
+                                                 f"ZeRO-3 checkpoint: {error}"])
+        torch.distributed.broadcast_object_list(verdict, src=0)
+    finally:
+        torch.distributed.barrier()
+        if ctx.rank == 0:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    details, problems = verdict[0]
+    if problems:
+        raise CheckFailed("; ".join(problems), details)
+    return details
+
+
+def compare_consolidated(torch, state, names, live):
+    """(details, problems): the consolidated fp32 state dict against the live parameters (float64 copies), bitwise."""
+    missing = [n for n in names if n not in state]
+    extra = sorted(set(state) - set(names))
+    mismatched, not_fp32, worst = [], [], 0.0
+    for name, want in zip(names, live, strict=True):
+        got = state.get(name)
+        if got is None:
+            continue
+        if got.dtype != torch.float32:
+            not_fp32.append(f"{name} ({got.dtype})")
+        if tuple(got.shape) != tuple(want.shape):
+            mismatched.append(f"{name} (shape {tuple(got.shape)} vs {tuple(want.shape)})")
+            continue
+        got = got.detach().to("cpu", torch.float64)
+        if not torch.equal(got, want):
+            mismatched.append(name)
+            worst = max(worst, float((got - want).abs().max()))
+    problems = []
+    if missing or extra:
+        problems.append(f"the consolidated state dict has {len(state)} tensors for {len(names)} parameters "
+                        f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    if mismatched:
+        problems.append(f"{len(mismatched)} of {len(names)} consolidated tensors differ from the live engine's "
+                        f"parameters (max abs diff {worst:g}; first: {mismatched[0]})")
+    if not_fp32:
+        problems.append(f"consolidated tensors are not fp32: {not_fp32[:3]}")
+    details = {"tensors": len(state), "parameters": len(names), "mismatches": len(mismatched),
+               "max_abs_diff": worst, "missing": missing[:10], "unexpected": extra[:10], "steps": ZERO_TO_FP32_STEPS,
+               "reference": "engine parameters gathered one by one (GatheredParameters)"}
+    return details, problems
+
+
+# NVMe offload: every buffer is sized for this suite's model (the largest ZeRO-3 partition is half of a
+# 1024x128 weight on 2 ranks; the whole of one on 1 rank), so the run allocates a few MiB, not DeepSpeed's
+# defaults (5 x 1e8 elements for parameters).
+NVME_PARAM_BUFFER_NUMEL = 1 << 17
+NVME_PARAM_BUFFERS = 5
+NVME_OPTIMIZER_BUFFERS = 4
+NVME_AIO = {"block_size": 1 << 18, "queue_depth": 4, "intra_op_parallelism": 1, "single_submit": False,
+            "overlap_events": True}
+
+
+def nvme_config(nvme_path):
+    """ZeRO-3 with optimizer state and parameters swapped through async_io to files under `nvme_path`."""
+    config = ds_config(3)
+    config["zero_optimization"]["offload_optimizer"] = {
+        "device": "nvme", "nvme_path": str(nvme_path), "pin_memory": False, "buffer_count": NVME_OPTIMIZER_BUFFERS}
+    config["zero_optimization"]["offload_param"] = {
+        "device": "nvme", "nvme_path": str(nvme_path), "pin_memory": False, "buffer_count": NVME_PARAM_BUFFERS,
+        "buffer_size": NVME_PARAM_BUFFER_NUMEL, "max_in_cpu": 0}
+    config["aio"] = dict(NVME_AIO)
+    return config
+
+
+def check_nvme_offload(ctx):
+    ctx.need_dist()
+    names, source = expected_ops(ctx)
+    if "async_io" not in names:
+        raise SkipCheck(f"async_io is not prebuilt (no libaio headers at build time?): DeepSpeed would "
+                        f"JIT-compile it at the first initialize ({source})")
+    nvme_path = ctx.out_dir / f"nvme-rank{ctx.rank}"
+    shutil.rmtree(nvme_path, ignore_errors=True)
+    nvme_path.mkdir(parents=True)
+    try:
+        details = train_and_judge(ctx, nvme_config(nvme_path), inspect=swap_files(nvme_path))
+    except JitBuildRefused as exc:
+        raise CheckFailed(f"NVMe offload needs an op that is not prebuilt: {exc}") from exc
+    except ImportError as exc:  # e.g. an async_io_op built without linking libaio: undefined symbol io_submit
+        raise CheckFailed(f"NVMe offload: a prebuilt op does not load: {exc}") from exc
+    finally:
+        shutil.rmtree(nvme_path, ignore_errors=True)
+    return details
+
+
+def swap_files(nvme_path):
+    """Did the swapping really go through files? (An offload quietly kept in memory would not write any.)"""
+
+    def inspect(trainer):
+        files = [p for p in nvme_path.rglob("*") if p.is_file()]
+        found = {"nvme_swap_files_this_rank": len(files),
+                 "nvme_swap_bytes_this_rank": sum(p.stat().st_size for p in files)}
+        return found, ([] if files else [f"no swap files under {nvme_path}: nothing was offloaded to NVMe"])
+
+    return inspect
+
+
 CHECKS = (
     Check("zero1", "ZeRO-1 training matches a torch AdamW copy; optimizer state partitioned",
           ("deepspeed", "distributed"), check_zero(1)),
@@ -101,4 +234,8 @@ CHECKS = (
           check_precision),
     Check("checkpoint", "ZeRO-3 save and load round trip; identical weights, training continues",
           ("deepspeed", "distributed"), check_checkpoint),
+    Check("zero_to_fp32", "ZeRO-3 checkpoint consolidated by zero_to_fp32 equals the live parameters bitwise",
+          ("deepspeed", "distributed"), check_zero_to_fp32),
+    Check("nvme_offload", "ZeRO-3 with optimizer and parameters offloaded to NVMe files (async_io)",
+          ("deepspeed", "distributed", "op:async_io", "op:pin_memory", "op:cpu_adam"), check_nvme_offload),
 )
