@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,6 @@ assert baton.try_acquire()
 print("locked", flush=True)
 time.sleep(120)
 """
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for child in started:
-        if child.poll() is None:
-            child.kill()
-        child.wait(timeout=30)
 
 
 def ext_env(tmp_path: Path) -> dict[str, str]:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,16 +52,6 @@ def make_segment(shm: Path, name: str, size: int) -> Path:
     with path.open("wb") as handle:
         handle.truncate(size)  # sparse: the real size, no real memory
     return path
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for child in started:
-        if child.poll() is None:
-            child.kill()
-        child.wait(timeout=30)
 
 
 def use(path: Path, how: str, children: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
