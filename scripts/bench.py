@@ -3,6 +3,7 @@
 
     python scripts/bench.py install [--json-out FILE] [--markdown-out FILE]
     python scripts/bench.py verify [--python PY --jit-python PY] [--json-out FILE]
+    python scripts/bench.py verify --python PY --added CHECK,... [--runs N] [--json-out FILE]
     python scripts/bench.py rehearsal [--source SDIST] [--repeat N] [--json-out FILE]
 """
 

@@ -8,6 +8,9 @@
   same worker with just that stage (`--allow-jit`), so the work per stage is identical.
 
 Writes JSON (`--json-out`) and prints a markdown table for docs/benchmarks.md's `## verify` section.
+
+`--added a,b --runs N --python PY`: instead, what checks a, b add to the suite's time: the whole suite and
+the suite with `--skip a,b`, alternated N times each on the same target (medians).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,12 +125,54 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def measure_added(python: Path, added: str, runs: int) -> dict[str, Any]:
+    """The whole suite and the suite without `added`, alternated `runs` times (the machine drifts)."""
+    whole, without = [], []
+    for _ in range(runs):
+        whole.append(run_suite(python))
+        without.append(run_suite(python, "--skip", added))
+    whole_s = statistics.median(r["wall_s"] for r in whole)
+    without_s = statistics.median(r["wall_s"] for r in without)
+    per_check = {name: statistics.median(r["checks"][name]["duration_s"] for r in whole)
+                 for name in whole[0]["checks"]}
+    return {"added": added.split(","), "runs": runs, "whole_s": [r["wall_s"] for r in whole],
+            "without_s": [r["wall_s"] for r in without], "median_whole_s": whole_s,
+            "median_without_s": without_s, "median_added_s": round(whole_s - without_s, 2),
+            "median_check_s": per_check, "statuses": {n: c["status"] for n, c in whole[-1]["checks"].items()}}
+
+
+def markdown_added(result: dict[str, Any]) -> str:
+    lines = [f"Measured {result['date']} on {result['machine']}; {result['runs']} runs of each, alternated.", "",
+             "| what | median wall (s) | runs (s) |", "|---|---:|---|",
+             f"| whole suite | {result['median_whole_s']:.1f} | {', '.join(f'{v:.1f}' for v in result['whole_s'])} |",
+             f"| without {', '.join(result['added'])} | {result['median_without_s']:.1f} | "
+             f"{', '.join(f'{v:.1f}' for v in result['without_s'])} |", "",
+             f"Added by those checks: **{result['median_added_s']:.1f} s** (median difference); goal for the whole "
+             f"suite: under 40 s ({'met' if result['median_whole_s'] < 40 else 'NOT met'}).", "",
+             "| check | status | median time (s) |", "|---|---|---:|"]
+    lines += [f"| {name} | {result['statuses'][name]} | {seconds:.1f} |"
+              for name, seconds in result["median_check_s"].items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", help="target venv python with prebuilt ops (default: build/cached)")
     parser.add_argument("--jit-python", help="target venv python with DeepSpeed built without ops")
     parser.add_argument("--json-out", type=Path, help="write the results here as JSON")
+    parser.add_argument("--added", help="comma-separated checks: measure what they add to the suite instead")
+    parser.add_argument("--runs", type=int, default=3, help="with --added: runs of each variant")
     args = parser.parse_args(argv)
+    if args.added:
+        if not args.python or args.runs < 1:
+            parser.error("--added needs --python and --runs >= 1")
+        result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
+                  **measure_added(Path(args.python), args.added, args.runs)}
+        if args.json_out:
+            args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+        print(markdown_added(result))
+        return 0
     prebuilt, jit = target_venvs(args.python, args.jit_python)
     if shutil.which("deepspeed", path=str(jit.parent)) is None:
         parser.error(f"{jit.parent}/deepspeed not found")
