@@ -103,7 +103,24 @@ def split_layers(torch, model):
 
 
 def run_pipeline(ctx, checkpoint_interval=0):
-    """Train the pipeline beside a plain torch copy; details, or CheckFailed naming the first problem."""
+    """Train the pipeline beside a plain torch copy; details, or CheckFailed naming the first problem.
+
+    The pipeline engine hands its topology to `deepspeed.utils.groups` as the process-wide `mpu`, and
+    `destroy()` does not take it back (0.19.5): a later engine in the same process (the HF Trainer's
+    ZeRO-2 in this suite) then reduces gradients over the pipeline's data-parallel group, one rank here,
+    and each rank silently trains alone. Seen as hf_trainer's ZeRO-2 run 0.85 of a step away from the
+    plain Trainer after this check; so the previous `mpu` is put back."""
+    ctx.need_deepspeed()
+    from deepspeed.utils import groups  # noqa: PLC0415
+
+    saved_mpu = groups.mpu
+    try:
+        return train_pipeline(ctx, checkpoint_interval)
+    finally:
+        groups.mpu = saved_mpu
+
+
+def train_pipeline(ctx, checkpoint_interval):
     ctx.need_dist()
     torch, deepspeed = ctx.torch, ctx.deepspeed
     from deepspeed.pipe import PipelineModule  # noqa: PLC0415
