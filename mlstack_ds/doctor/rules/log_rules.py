@@ -87,4 +87,16 @@ RULES: tuple[Rule, ...] = (
         "(clear ~/.cache/torch_extensions after an upgrade)",
         log_patterns=(re.compile(r"ImportError: \S*(torch_extensions|deepspeed)\S*\.so: undefined symbol: _Z"),),
     ),
+    Rule(
+        id="MLS-LOG-011", severity="error", title="The prebuilt async_io op was not linked with libaio",
+        symptom="`ImportError: .../deepspeed/ops/aio/async_io_op...so: undefined symbol: io_submit` at the first "
+        "NVMe offload initialize: DeepSpeed built async_io ahead of time on the CPU accelerator, whose build "
+        "(`CPUOpBuilder.builder()`) links the op's libraries_args() and drops its extra_ldflags() (-laio), up "
+        "to 0.19.8 at least.",
+        fix=("mlstack-ds install --force   # its series links the CPU async_io op with libaio (patch 0018)",
+             "by hand: rebuild without DS_BUILD_AIO=1, so the op is JIT-compiled (and linked) at first use"),
+        source="DeepSpeed 0.19.5 op_builder/cpu/builder.py and op_builder/cpu/async_io.py; reproduced here "
+        "(tests/fixtures/doctor-logs/SOURCES.md); docs/patches.md, 0018",
+        log_patterns=(re.compile(r"async_io_op\S*\.so: undefined symbol: io_submit"),),
+    ),
 )
