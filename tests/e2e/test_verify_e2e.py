@@ -204,7 +204,7 @@ def test_a_receipt_that_matches_the_install_passes(target_venv, tmp_path: Path) 
 
 def test_a_receipt_that_does_not_match_fails_naming_what_differs(target_venv, tmp_path: Path) -> None:
     receipt = write_receipt(tmp_path / "receipt.json", deepspeed_version="0.19.6", platform="rocm",
-                            ops=["cpu_adam", "async_io", "fused_lamb"],
+                            ops=["cpu_adam", "deepspeed_ccl_comm", "fused_lamb"],
                             patches=["0004-amd-specific-config-section.patch"])
     report = run_suite(VerifyOptions(python=target_venv.python, only="environment,prebuilt_ops,amd_specific",
                                      timeout_s=120, receipt=receipt))
@@ -213,7 +213,8 @@ def test_a_receipt_that_does_not_match_fails_naming_what_differs(target_venv, tm
     assert "installed DeepSpeed 0.19.5 is not the receipt's 0.19.6" in checks["environment"].reason
     assert "accelerator is 'cpu', the receipt planned 'cuda'" in checks["environment"].reason
     ops_reason = checks["prebuilt_ops"].reason
-    assert "async_io: the receipt lists it but DeepSpeed's installed_ops says not built" in ops_reason
+    # a CPU op this install does not build (it needs oneCCL)
+    assert "deepspeed_ccl_comm: the receipt lists it but DeepSpeed's installed_ops says not built" in ops_reason
     assert "fused_lamb: unknown to this DeepSpeed/accelerator" in ops_reason  # a GPU op, on CPU
     # the receipt claims the amd_specific patch, and this (patched) DeepSpeed has it: that part agrees
     assert checks["amd_specific"].status == "pass", checks["amd_specific"]
@@ -232,7 +233,7 @@ def test_sigterm_stops_verify_kills_every_rank_and_reports_what_finished(target_
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # until rank 0 has started zero1 (rank 1 hangs in it)
-        logs = list(private_tmp.glob("mlstack-verify-*/rank0.jsonl"))
+        logs = list(private_tmp.glob("mlstack-verify-*/results/rank0.jsonl"))
         if logs and '"check": "zero1"' in logs[0].read_text(errors="replace"):
             break
         time.sleep(0.2)
