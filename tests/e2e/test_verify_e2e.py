@@ -9,6 +9,7 @@ handle (the backport, PR #8539), they require a pass.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -238,7 +239,11 @@ def test_sigterm_stops_verify_kills_every_rank_and_reports_what_finished(target_
             break
         time.sleep(0.2)
     else:
-        proc.kill()
+        proc.send_signal(signal.SIGTERM)  # the CLI kills its launch; a SIGKILL would orphan the hanging ranks
+        proc.communicate(timeout=60)
+        for pid in leftover_processes(f"MLSTACK_E2E_MARKER={token}"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         pytest.fail("zero1 never started")
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
