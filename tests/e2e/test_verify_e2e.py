@@ -134,12 +134,15 @@ def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: 
 
 def test_deepspeed_without_prebuilt_ops_fails_instead_of_compiling(no_ops_venv) -> None:
     proc, report = run_verify(no_ops_venv.python, "--only",
-                              "environment,prebuilt_ops,cpu_adam,zero2_offload,hf_trainer", "--timeout", "180")
+                              "environment,prebuilt_ops,cpu_adam,zero2_offload,hf_trainer,nvme_offload",
+                              "--timeout", "180")
     checks = by_name(report)
     assert proc.returncode == 8
-    # no transformers in this target: the Trainer check says how to get it rather than failing
+    # no transformers and no async_io in this target: those checks say why they do not apply
     hf = checks.pop("hf_trainer")
     assert hf["status"] == "skip" and hf["reason"].startswith(hf_checks.MISSING), hf
+    nvme = checks.pop("nvme_offload")
+    assert nvme["status"] == "skip" and nvme["reason"].startswith("async_io is not prebuilt"), nvme
     assert all(c["status"] == "fail" for c in checks.values())
     # On CPU, deepspeed.init_distributed loads the shm_comm op: without a prebuilt one it would compile.
     jit_shm = "op 'deepspeed_shm_comm' is not prebuilt: DeepSpeed tried to JIT-compile it"

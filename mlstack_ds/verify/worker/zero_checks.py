@@ -188,11 +188,12 @@ def nvme_config(nvme_path):
 
 
 def check_nvme_offload(ctx):
-    ctx.need_dist()
+    ctx.need_deepspeed()
     names, source = expected_ops(ctx)
-    if "async_io" not in names:
+    if "async_io" not in names:  # does not apply, whatever else is wrong (as hf_trainer without transformers)
         raise SkipCheck(f"async_io is not prebuilt (no libaio headers at build time?): DeepSpeed would "
                         f"JIT-compile it at the first initialize ({source})")
+    ctx.need_dist()
     nvme_path = ctx.out_dir / f"nvme-rank{ctx.rank}"
     shutil.rmtree(nvme_path, ignore_errors=True)
     nvme_path.mkdir(parents=True)
