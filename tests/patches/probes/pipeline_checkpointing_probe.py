@@ -1,17 +1,21 @@
-"""Train a 2-stage DeepSpeed PipelineModule with and without activation checkpointing; print each rank's losses.
+"""Train a 2-stage DeepSpeed PipelineModule with and without activation checkpointing; write each rank's losses.
 
 Launched by torch.distributed.run with 2 processes, DeepSpeed imported from a source tree (PYTHONPATH),
 DS_ACCELERATOR=cpu, gloo. The same model, data and seed train for 3 batches with
 `activation_checkpoint_interval` 0, then 1 (every layer with parameters goes through
-deepspeed.checkpointing.checkpoint). Each rank prints one line, `RESULT {"0": losses, "1": losses}`, where a
-run that raised is `{"error", "where"}` instead; a rank that failed exits at once so that torchrun stops the
-other. The only thing changed in DeepSpeed is that its CPU shm comm op is marked incompatible, so the comm
-backend uses plain gloo instead of JIT-building the op (minutes).
+deepspeed.checkpointing.checkpoint). Each rank writes `{"0": losses, "1": losses}` (where a
+run that raised is `{"error", "where"}` instead) into `<results dir>/rank<RANK>.json` (argv[1]): one file per
+rank, because both ranks share torchrun's stdout and two prints can land on one line (seen in CI:
+`RESULT {...}RESULT {...}`). A rank that failed exits at once so that torchrun stops the other. The only
+thing changed in DeepSpeed is that its CPU shm comm op is marked incompatible, so the comm backend uses plain
+gloo instead of JIT-building the op (minutes).
 """
 
 import json
 import os
+import sys
 import traceback
+from pathlib import Path
 
 import deepspeed
 import torch
@@ -47,6 +51,8 @@ for interval in (0, 1):
         results[str(interval)] = {"error": f"{type(exc).__name__}: {exc}",
                                   "where": f"{frame.filename.rsplit('/deepspeed/', 1)[-1]}:{frame.lineno}"}
         break
-print("RESULT " + json.dumps(results), flush=True)
+result_file = Path(sys.argv[1]) / f"rank{os.environ['RANK']}.json"
+result_file.with_suffix(".tmp").write_text(json.dumps(results))
+result_file.with_suffix(".tmp").replace(result_file)  # the test never reads half a file
 if any("error" in r for r in results.values() if isinstance(r, dict)):
     os._exit(1)
