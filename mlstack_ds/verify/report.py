@@ -41,6 +41,7 @@ class LaunchRecord:
     duration_s: float
     timed_out: bool
     log_tail: str = ""
+    nodes: tuple[Mapping[str, Any], ...] = ()  # multi-node: each node's host, ranks and how files got there
 
 
 @dataclass(frozen=True)

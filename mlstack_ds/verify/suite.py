@@ -19,7 +19,8 @@ from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, Interrupted, UsageError
-from mlstack_ds.verify import launch
+from mlstack_ds.multinode import hostfile, remote
+from mlstack_ds.verify import launch, nodes
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
 
@@ -69,7 +70,7 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         raise UsageError("--world-size cannot be combined with --hostfile",
                          hint="the hostfile's slots=N entries decide how many ranks run on each node")
     specs = select_checks(options.only, options.skip)
-    hosts = launch.parse_hostfile(options.hostfile) if options.hostfile else None
+    hosts = hostfile.parse_hostfile(options.hostfile) if options.hostfile else None
 
     probe = probe_target(python, options.target)
     if probe.torch_version is None:  # nothing can be checked: the environment is the problem, not a check
@@ -78,7 +79,7 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
                                  "or point --python at the environment that has them")
 
     if hosts is not None and options.hostfile is not None:
-        world_size = launch.hostfile_world_size(options.hostfile, hosts)
+        world_size = hostfile.hostfile_world_size(options.hostfile, hosts)
     else:
         world_size = options.world_size or (probe.gpus if probe.gpus > 0 else 2)
     deadline = started + options.timeout_s
@@ -93,7 +94,7 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         status(f"launching {len(group)} check(s) on {world_size} rank(s): {', '.join(s.name for s in group)}")
         try:
             group_results, record = _run_group(python, group, world_size, hosts=hosts, options=options,
-                                               timeout_s=remaining)
+                                               timeout_s=remaining, status=status)
         except _InterruptedGroup as stopped:
             done = results + stopped.finished
             raise Interrupted(
@@ -106,28 +107,36 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
 
 
 def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
-               hosts: Sequence[launch.HostEntry] | None, options: VerifyOptions,
-               timeout_s: float) -> tuple[list[CheckResult], LaunchRecord]:
+               hosts: Sequence[hostfile.HostEntry] | None, options: VerifyOptions, timeout_s: float,
+               status: Callable[[str], None]) -> tuple[list[CheckResult], LaunchRecord]:
     names = [s.name for s in group]
     run_id = launch.new_run_id()
     with tempfile.TemporaryDirectory(prefix="mlstack-verify-") as tmp:
-        out_dir = Path(tmp) / "results"
+        launch_dir = Path(tmp)
+        out_dir = launch_dir / "results"
         out_dir.mkdir()
-        staged = launch.stage_worker(Path(tmp) / "code")
+        staged = launch.stage_worker(launch_dir / "code")
         args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt)
-        port = launch.free_port()
-        if hosts is not None and options.hostfile is not None:
-            argv = launch.deepspeed_argv(python, options.hostfile, hosts, port, args)
-        else:
-            argv = launch.torchrun_argv(python, world_size, port, args)
         env = launch.worker_env({**os.environ, **(options.extra_env or {})}, staged)
+        node_list: list[nodes.Node] = []
+        if hosts is not None and options.hostfile is not None:
+            argv = launch.deepspeed_argv(python, options.hostfile, hosts, launch.free_port(), args)
+            env_file = nodes.write_env_file(launch_dir / "deepspeed_env",
+                                            {**env, launch.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
+            env[nodes.ENV_FILE_VARIABLE] = str(env_file)
+            node_list = nodes.prepare(hosts, python, launch_dir, env=env, status=status)
+        else:
+            argv = launch.torchrun_argv(python, world_size, launch.free_port(), args)
         try:
-            outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env)
+            # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
+            outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
+            _finish_nodes(node_list, run_id, launch_dir, out_dir, env)
             logs = launch.read_rank_logs(out_dir, world_size)
             finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
                         for name in names if all(name in log.results for log in logs.values())]
             raise _InterruptedGroup(finished) from None
+        _finish_nodes(node_list, run_id, launch_dir, out_dir, env)
         logs = launch.read_rank_logs(out_dir, world_size)
     results = []
     for name in names:
@@ -136,8 +145,19 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
                    for rank, log in logs.items() if name not in log.results}
         results.append(merge_check(name, per_rank, world_size, missing))
     record = LaunchRecord(tuple(argv), tuple(names), outcome.returncode, round(outcome.duration_s, 3),
-                          outcome.timed_out, outcome.log_tail if _any_failed(results) else "")
+                          outcome.timed_out, outcome.log_tail if _any_failed(results) else "",
+                          tuple(n.to_json() for n in node_list))
     return results, record
+
+
+def _finish_nodes(node_list: Sequence[nodes.Node], run_id: str, launch_dir: Path, out_dir: Path,
+                  env: Mapping[str, str]) -> None:
+    """After a multi-node launch: stop what still runs anywhere, fetch the copied nodes' logs, clean up."""
+    if node_list:
+        for node in node_list:  # first stop the ranks, so that the logs fetched are final
+            remote.kill_marked(node.host, run_id, env=env)
+        nodes.collect(node_list, out_dir, env=env)
+        nodes.cleanup(node_list, "", launch_dir, env=env)
 
 
 class _InterruptedGroup(Exception):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mlstack_ds.errors import ExitCode, UsageError
+from mlstack_ds.multinode.hostfile import parse_hostfile
 from mlstack_ds.verify import launch
 
 # name -> (content, line our refusal names, or None when accepted or the whole file is at fault)
@@ -99,7 +100,7 @@ def test_we_accept_and_refuse_exactly_what_deepspeed_does(
     theirs = deepspeed_verdicts[name]
     path = hostfiles[name]
     try:
-        ours = [[h.host, h.slots] for h in launch.parse_hostfile(path)]
+        ours = [[h.host, h.slots] for h in parse_hostfile(path)]
     except UsageError as exc:
         assert "refused" in theirs, f"we refused what DeepSpeed accepts ({theirs}): {exc.message}"
         assert exc.exit_code == ExitCode.USAGE and "\n" not in exc.message and exc.hint
@@ -112,13 +113,13 @@ def test_we_accept_and_refuse_exactly_what_deepspeed_does(
 
 def test_duplicate_host_error_names_both_lines(hostfiles: dict[str, Path]) -> None:
     with pytest.raises(UsageError) as caught:
-        launch.parse_hostfile(hostfiles["duplicate-host"])
+        parse_hostfile(hostfiles["duplicate-host"])
     assert caught.value.message.endswith(":3: host node-a is listed twice (first on line 1)")
 
 
 def test_master_is_the_first_host_with_a_slot(hostfiles: dict[str, Path]) -> None:
     """DeepSpeed gives rank 0 (the rendezvous server) to the first host that has slots."""
-    hosts = launch.parse_hostfile(hostfiles["zero-slots"])
+    hosts = parse_hostfile(hostfiles["zero-slots"])
     argv = launch.deepspeed_argv(Path("p"), hostfiles["zero-slots"], hosts, 1, [])
     assert argv[argv.index("--master_addr") + 1] == "node-b"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlstack_ds.errors import UsageError
+from mlstack_ds.multinode.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.verify import launch
 
 
@@ -52,8 +53,8 @@ def test_worker_imports_nothing_from_the_tool_but_itself() -> None:
 def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# cluster\nnode-a slots=8\nnode-b   slots=8  # second\n\n")
-    hosts = launch.parse_hostfile(hostfile)
-    assert hosts == [launch.HostEntry("node-a", 8), launch.HostEntry("node-b", 8)]
+    hosts = parse_hostfile(hostfile)
+    assert hosts == [HostEntry("node-a", 8), HostEntry("node-b", 8)]
     args = launch.worker_args(["zero3"], Path("/shared/out"), 60, "rid")
     argv = launch.deepspeed_argv(Path("/venv/bin/python"), hostfile, hosts, 29600, args)
     assert argv[:3] == ["/venv/bin/python", "-m", "deepspeed.launcher.runner"]
@@ -71,12 +72,12 @@ def test_bad_hostfiles_are_usage_errors(tmp_path: Path, content: str) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text(content)
     with pytest.raises(UsageError, match="--hostfile"):
-        launch.parse_hostfile(hostfile)
+        parse_hostfile(hostfile)
 
 
 def test_missing_hostfile_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot read"):
-        launch.parse_hostfile(tmp_path / "nope")
+        parse_hostfile(tmp_path / "nope")
 
 
 def test_free_port_is_bindable() -> None:

@@ -1,0 +1,124 @@
+"""Reach the nodes of a hostfile the way DeepSpeed's pdsh launcher does: plain `ssh` and `scp` from PATH.
+
+Why the ssh on PATH with the user's own configuration, and no options of ours beyond BatchMode and a
+connect time-out: DeepSpeed's launcher checks each host with its own `ssh <host> hostname` and pdsh runs
+`ssh` the same way, so whatever makes those work (`~/.ssh/config`, an agent, a wrapper first on PATH)
+makes this work too, and a node this module cannot reach is one the launch could not reach either.
+BatchMode makes a missing key an error instead of a password prompt that would hang a non-interactive run.
+Remote commands are argv lists joined with `shlex.join` (ssh hands the remote shell one string).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlstack_ds import runner
+from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolMissing, ToolTimedOut
+
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+DEFAULT_TIMEOUT_S = 60.0
+SSH_FAILED = 255  # ssh's own exit code for "could not run the command there" (the command's otherwise)
+REACH_HINT = ("DeepSpeed's launcher needs passwordless ssh from this host to every node: "
+              "`ssh -o BatchMode=yes {host} hostname` must print the node's name")
+
+
+@dataclass(frozen=True)
+class NodeUnreachable:
+    """Why ssh could not run a command on a node, in ssh's own words (its last stderr line)."""
+
+    host: str
+    reason: str
+
+    def error(self) -> EnvironmentProblem:
+        return EnvironmentProblem(f"node {self.host} is not reachable over ssh: {self.reason}",
+                                  hint=REACH_HINT.format(host=self.host))
+
+
+def ssh_argv(host: str, command: Sequence[str | Path]) -> list[str]:
+    return ["ssh", *SSH_OPTIONS, host, "--", shlex.join(map(str, command))]
+
+
+def run_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT_TIMEOUT_S,
+           env: Mapping[str, str] | None = None, input_text: str | None = None) -> runner.RunResult:
+    """`command` on `host` (exit code and output of the remote command; 255 when ssh itself failed)."""
+    try:
+        return runner.run(ssh_argv(host, command), timeout=timeout, env=env, input_text=input_text)
+    except ToolMissing as exc:
+        raise EnvironmentProblem("ssh is not installed on this host",
+                                 hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc
+
+
+def unreachable(result: runner.RunResult, host: str) -> NodeUnreachable | None:
+    """The ssh failure in `result`, if ssh (not the remote command) failed."""
+    if result.returncode != SSH_FAILED:
+        return None
+    lines = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+    reason = lines[-1] if lines else "ssh exited with 255 and said nothing"
+    return NodeUnreachable(host, re.sub(r"^ssh: ", "", reason))
+
+
+def check_reachable(host: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None
+                    ) -> NodeUnreachable | None:
+    """None when `ssh host hostname` works, else why not (refused, no route, no key, time-out)."""
+    try:
+        result = run_on(host, ["hostname"], timeout=timeout, env=env)
+    except ToolTimedOut:
+        return NodeUnreachable(host, f"no answer within {timeout:g} s")
+    return unreachable(result, host) if not result.ok else None
+
+
+def copy_to(host: str, local: Path, remote_parent: Path, *, timeout: float = 300.0,
+            env: Mapping[str, str] | None = None) -> None:
+    """Copy the file or directory `local` into `remote_parent` on `host` (created if missing)."""
+    _checked(run_on(host, ["mkdir", "-p", remote_parent], env=env), host, f"creating {remote_parent}")
+    _checked(_scp(["-r", "-q", str(local), f"{host}:{remote_parent}/"], timeout, env), host,
+             f"copying {local.name} to {remote_parent}")
+
+
+def fetch_from(host: str, remote_paths: Sequence[Path], local_dir: Path, *, timeout: float = 120.0,
+               env: Mapping[str, str] | None = None) -> runner.RunResult:
+    """Copy `remote_paths` (globs allowed) from `host` into `local_dir`; the caller reads the result
+    (a node that wrote nothing is not an error here)."""
+    return _scp(["-q", *(f"{host}:{p}" for p in remote_paths), str(local_dir)], timeout, env)
+
+
+def kill_marked(host: str, marker: str, *, env: Mapping[str, str] | None = None) -> None:
+    """SIGKILL every process on `host` whose command line contains `marker` (best effort: the node may be
+    gone). `[x]rest` is a regular expression that matches `marker` but not this pkill's own command line."""
+    pattern = f"[{marker[0]}]{re.escape(marker[1:])}"
+    try:
+        run_on(host, ["pkill", "-KILL", "-f", pattern], timeout=30.0, env=env)
+    except ToolError:
+        return
+
+
+def _scp(args: Sequence[str], timeout: float, env: Mapping[str, str] | None) -> runner.RunResult:
+    try:
+        return runner.run(["scp", *SSH_OPTIONS, *args], timeout=timeout, env=env)
+    except ToolMissing as exc:
+        raise EnvironmentProblem("scp is not installed on this host",
+                                 hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc
+
+
+def _checked(result: runner.RunResult, host: str, doing: str) -> None:
+    if result.ok:
+        return
+    gone = unreachable(result, host)
+    if gone is not None:
+        raise gone.error()
+    raise EnvironmentProblem(f"node {host}: {doing} failed: {result.tail(1) or f'exit code {result.returncode}'}",
+                             hint="the user running mlstack-ds must be able to write there on every node")
+
+
+def sees_same_file(host: str, path: Path, content: str, *, env: Mapping[str, str] | None = None) -> bool:
+    """Does `host` read `content` at `path`, which this host just wrote? Then the two share that file
+    system (an NFS home, a cluster file system), and whatever is written under it here is there too."""
+    result = run_on(host, ["cat", path], env=env)
+    gone = unreachable(result, host)
+    if gone is not None:
+        raise gone.error()
+    return result.ok and result.stdout == content
