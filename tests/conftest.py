@@ -6,6 +6,7 @@ The sdist comes from the package index through pip, like users get it; it is cac
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from cold_install import INSTALLED_TARGET_FIXTURE, BackgroundInstall
-from target_env import DS_SDIST_SHA256, DS_VERSION, cached_deepspeed_sdist
+from e2e_support import Target
+from target_env import DS_SDIST_SHA256, DS_VERSION, TargetVenv, cached_deepspeed_sdist
 
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
@@ -97,6 +99,26 @@ def pristine_tree_template(
     """
     dest = tmp_path_factory.mktemp("ds-pristine") / f"deepspeed-{DS_VERSION}"
     return fetch_source(find_recipe(), parse_source_spec(str(deepspeed_sdist)), fetch_cache, dest).path
+
+
+@pytest.fixture(scope="session")
+def installed_target(cold_install: BackgroundInstall | None) -> Target:
+    """A venv with torch 2.13.0 CPU, transformers and accelerate, and DeepSpeed installed by
+    `mlstack-ds install` (cold build), started when the session began (tests/conftest.py)."""
+    assert cold_install is not None, "tests/conftest.py starts the cold install for every test that needs it"
+    result = cold_install.wait()
+    sys.stderr.write(f"\n[installed_target] cold install finished {cold_install.seconds:.0f} s after it started\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert document["action"] == "installed"
+    assert document["verify"]["ok"] is True, document["verify"]  # install runs the whole verify suite
+    return cold_install.target
+
+
+@pytest.fixture(scope="session")
+def target_venv(installed_target: Target) -> TargetVenv:
+    """The verify tests' view of the installed target: cpu_adam, fused_adam, shm_comm prebuilt."""
+    return TargetVenv(installed_target.venv, 0.0)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +36,8 @@ SCP = Path("/usr/bin/scp")
 SFTP_SERVER = Path("/usr/lib/openssh/sftp-server")  # scp of OpenSSH >= 9 speaks SFTP
 NETNS_ETC = Path("/etc/netns")
 SUBNET = "10.213.77"
+NODE_NAMES = ("mls-node-a", "mls-node-b")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 INTERFACE = "mls0"  # the same name on every node, so that one GLOO_SOCKET_IFNAME fits all
 
 
@@ -129,7 +132,7 @@ def _wait_listening(host: Host, timeout: float = 20) -> None:
 
 @contextlib.contextmanager
 def two_hosts(root: Path, *, node_local: Mapping[str, Mapping[Path, Path]] | None = None,
-              names: Sequence[str] = ("mls-node-a", "mls-node-b"), own_hostnames: bool = True
+              names: Sequence[str] = NODE_NAMES, own_hostnames: bool = True
               ) -> Iterator[TwoHosts]:
     """Start the two hosts; on exit kill everything that runs in them and remove every trace.
 
@@ -210,4 +213,14 @@ def free_port_on(harness: TwoHosts, host: Host) -> int:
     return int(out.stdout.strip())
 
 
-__all__ = ["Host", "TwoHosts", "free_port_on", "missing", "two_hosts"]
+def scratch_dir(hosts: TwoHosts) -> Path:
+    """The common path of the node-local scratch directories (tests/multinode/conftest.py: node_local_hosts)."""
+    return next(common for common in hosts.node_local[NODE_NAMES[0]] if common.name == "scratch")
+
+
+def head_cli(hosts: TwoHosts, *args: str | Path, timeout: float = 900,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`mlstack-ds ARGS` run on the first host (its network, mounts and name), the tool from this checkout."""
+    return hosts.run_on(hosts.hosts[0], [sys.executable, "-m", "mlstack_ds", *args], timeout=timeout,
+                        env={**os.environ, **(env or {}), "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)},
+                        cwd=REPO_ROOT)

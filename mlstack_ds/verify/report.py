@@ -59,10 +59,22 @@ class VerifyReport:
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for c in self.checks if c.status == s) for s in ("pass", "fail", "skip")}
 
+    def per_node(self) -> list[dict[str, Any]]:
+        """Multi-node runs: each node with its ranks, how the launch files got there, and the checks that
+        failed on any of its ranks (empty on one node)."""
+        nodes = next((launch.nodes for launch in self.launches if launch.nodes), ())
+        summary = []
+        for node in nodes:
+            ranks = set(node["ranks"])
+            failed = [c.name for c in self.checks if any(c.ranks.get(r) == "fail" for r in ranks)]
+            summary.append({**node, "failed": failed, "ok": not failed})
+        return summary
+
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
         document["ok"] = self.ok
         document["counts"] = self.counts()
+        document["nodes"] = self.per_node()
         return document
 
 
@@ -121,6 +133,7 @@ def _mib(value: int | None) -> str:
 
 STATUS_STYLE = {"pass": ("pass", "green"), "fail": ("FAIL", "bold red"), "skip": ("skip", "yellow")}
 COLUMNS = ("check", "status", "time s", "peak MiB/rank", "reason / notes")
+NODE_COLUMNS = ("node", "ranks", "launch files", "checks")
 
 
 def render_report(report: VerifyReport, console: Console) -> None:
@@ -132,8 +145,19 @@ def render_report(report: VerifyReport, console: Console) -> None:
         label, style = STATUS_STYLE[check.status]
         rows.append((check.name, Text(label, style=style), f"{check.duration_s:.1f}", peak,
                      check.reason or _note(check)))
-    print_records(console, COLUMNS, rows, title=f"mlstack-ds verify: {report.python} on {report.world_size} rank(s)",
-                  caption=_caption(report))
+    nodes = report.per_node()
+    where = f" over {len(nodes)} node(s)" if nodes else ""
+    print_records(console, COLUMNS, rows, title=f"mlstack-ds verify: {report.python} on {report.world_size} rank(s)"
+                  f"{where}", caption=_caption(report))
+    if nodes:
+        node_rows = [(n["host"], ",".join(map(str, n["ranks"])), n["files"], _node_checks(n)) for n in nodes]
+        print_records(console, NODE_COLUMNS, node_rows, title="per node")
+
+
+def _node_checks(node: Mapping[str, Any]) -> Text:
+    if node["ok"]:
+        return Text("ok", style="green")
+    return Text("FAIL: " + ", ".join(node["failed"]), style="bold red")
 
 
 def _caption(report: VerifyReport) -> str:

@@ -1,0 +1,123 @@
+"""`verify --hostfile` for real: DeepSpeed's own launcher (pdsh over ssh) on two hosts, 1 slot each.
+
+The hosts are network namespaces with their own sshd (tests/two_hosts.py); the CLI runs on the first one.
+What is proven: the whole suite passes across the nodes (every zero* check against the torch reference,
+as on one node); launch files reach nodes that do not share the file system (scp) and the rank logs come
+back; bad nodes are refused up front naming the node; a launch that cannot rendezvous (both nodes keep the
+machine's hostname, so gloo falls back to loopback) ends at the time-out with nothing left on any node.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from target_env import TargetVenv
+from two_hosts import TwoHosts, head_cli, scratch_dir, two_hosts
+
+from mlstack_ds.errors import ExitCode
+from mlstack_ds.verify.checks import CHECK_NAMES
+
+pytestmark = pytest.mark.slow
+
+
+def verify_json(hosts: TwoHosts, python: Path, *args: str, env: dict[str, str] | None = None,
+                hostfile: Path | None = None) -> tuple[int, dict, str]:
+    result = head_cli(hosts, "verify", "--hostfile", hostfile or hosts.hostfile(1), "--python", python, "--json",
+                      *args, env=env)
+    return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}, result.stderr
+
+
+def assert_nothing_left(hosts: TwoHosts) -> None:
+    for host in hosts.hosts:
+        assert hosts.processes(host) == [], f"processes left on {host.name}"
+
+
+def test_whole_suite_passes_across_two_nodes(two_hosts_shared: TwoHosts, target_venv: TargetVenv) -> None:
+    code, report, stderr = verify_json(two_hosts_shared, target_venv.python)
+    assert code == 0, (stderr, report)
+    assert report["world_size"] == 2
+    assert [c["name"] for c in report["checks"]] == list(CHECK_NAMES)
+    by_name = {c["name"]: c for c in report["checks"]}
+    zero_checks = [n for n in CHECK_NAMES if n.startswith("zero")]
+    assert zero_checks
+    for name in zero_checks:
+        assert by_name[name]["status"] == "pass", by_name[name]
+        assert by_name[name]["ranks"] == {"0": "pass", "1": "pass"}
+    assert report["nodes"] == [
+        {"host": "mls-node-a", "ranks": [0], "files": "shared", "failed": [], "ok": True},
+        {"host": "mls-node-b", "ranks": [1], "files": "shared", "failed": [], "ok": True},
+    ]
+    assert "mls-node-b: reachable, ranks 1, shared file system" in stderr  # one progress line per node
+    assert_nothing_left(two_hosts_shared)
+
+
+def test_launch_files_are_copied_to_nodes_that_do_not_share_them(node_local_hosts, target_venv: TargetVenv) -> None:
+    """Each node has its own TMPDIR (a node-local /tmp): the worker goes there by scp, the logs come back."""
+    with node_local_hosts() as hosts:
+        scratch = scratch_dir(hosts)
+        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "zero1,zero3",
+                                           env={"TMPDIR": str(scratch)})
+        assert code == 0, (stderr, report)
+        assert [(c["name"], c["status"], c["ranks"]) for c in report["checks"]] == [
+            ("zero1", "pass", {"0": "pass", "1": "pass"}), ("zero3", "pass", {"0": "pass", "1": "pass"})]
+        assert [(n["host"], n["files"]) for n in report["nodes"]] == [("mls-node-a", "shared"),
+                                                                     ("mls-node-b", "copied")]
+        for host in hosts.hosts:  # the copy on node b is removed, and so is the head's own directory
+            listed = hosts.run_on(host, ["ls", "-A", scratch])
+            assert [n for n in listed.stdout.split() if n.startswith("mlstack-verify-")] == [], host.name
+        assert_nothing_left(hosts)
+
+
+def test_an_unreachable_node_is_named_and_nothing_runs(two_hosts_shared: TwoHosts, target_venv: TargetVenv,
+                                                       tmp_path: Path) -> None:
+    """A third host in the hostfile whose address answers nothing: refused before any rank starts."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("mls-node-a slots=1\nmls-node-c slots=1\n")
+    config = two_hosts_shared.ssh_config
+    original = config.read_text()
+    config.write_text("Host mls-node-c\n  HostName 10.213.77.3\n  ConnectTimeout 2\n" + original)
+    try:
+        code, report, stderr = verify_json(two_hosts_shared, target_venv.python, hostfile=hostfile)
+    finally:
+        config.write_text(original)
+    assert code == ExitCode.ENVIRONMENT, stderr
+    message = report["error"]["message"]
+    assert message.startswith("node mls-node-c is not reachable over ssh: "), message
+    assert "ssh -o BatchMode=yes mls-node-c hostname" in report["error"]["hint"]
+    assert_nothing_left(two_hosts_shared)
+
+
+def test_a_node_without_the_interpreter_is_named(tmp_path: Path, target_venv: TargetVenv) -> None:
+    empty = tmp_path / "empty-venv"
+    empty.mkdir()
+    with two_hosts(tmp_path / "hosts") as hosts:
+        hosts.run_on(hosts.hosts[1], ["mount", "--bind", empty, target_venv.root])  # in b's mount namespace only
+        code, report, stderr = verify_json(hosts, target_venv.python)
+    assert code == ExitCode.ENVIRONMENT, stderr
+    assert report["error"]["message"] == f"node mls-node-b has no interpreter at {target_venv.python}"
+
+
+def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
+        tmp_path: Path, target_venv: TargetVenv) -> None:
+    """Both nodes keep this machine's hostname, which resolves to neither: gloo binds to loopback, rank 0
+    fails to reach rank 1 (`remote=[127.0.0.1]`) and rank 1 waits. Before the fix, rank 1 and its launcher
+    kept running on the second node after verify gave up."""
+    with two_hosts(tmp_path / "hosts", own_hostnames=False) as hosts:
+        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "zero1", "--timeout", "45")
+        assert code == ExitCode.VERIFY, stderr
+        (check,) = report["checks"]
+        assert check["status"] == "fail"
+        assert "remote=[127.0.0.1]" in check["reason"], check["reason"]
+        assert_nothing_left(hosts)
+
+
+def test_the_interface_setting_reaches_every_rank(tmp_path: Path, target_venv: TargetVenv) -> None:
+    """The same misconfigured hosts work once GLOO_SOCKET_IFNAME names the interface: verify forwards it to
+    the ranks on every node (DeepSpeed's launcher exports only a few prefixes by itself)."""
+    with two_hosts(tmp_path / "hosts", own_hostnames=False) as hosts:
+        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "zero1",
+                                           env={"GLOO_SOCKET_IFNAME": "mls0"})
+        assert code == 0, (stderr, report)
+        assert_nothing_left(hosts)
