@@ -5,6 +5,7 @@
     python scripts/bench.py verify [--python PY --jit-python PY] [--json-out FILE]
     python scripts/bench.py verify --python PY --added CHECK,... [--runs N] [--json-out FILE]
     python scripts/bench.py rehearsal [--source SDIST] [--repeat N] [--json-out FILE]
+    python scripts/bench.py multinode --python PY [--runs N] [--install-python PY --cache-dir DIR]
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import importlib
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = {"install": "bench_install", "verify": "bench_verify", "rehearsal": "bench_rehearsal"}
+SUBCOMMANDS = {"install": "bench_install", "verify": "bench_verify", "rehearsal": "bench_rehearsal",
+               "multinode": "bench_multinode"}
 
 
 def main() -> int:

@@ -37,9 +37,10 @@ def register(app: typer.Typer) -> None:
         = DEFAULT_TIMEOUT_S,
         hostfile: Annotated[Path | None, typer.Option(
             "--hostfile",
-            help="Multi-node: hand the launch to DeepSpeed's launcher (pdsh/ssh) with this hostfile. "
-            "mlstack-ds and the target venv must be at the same paths on every node. Only the launcher "
-            "argv is tested; no multi-node run has been made with it.")] = None,
+            help="Multi-node: run the suite through DeepSpeed's launcher (pdsh over ssh) on the nodes of this "
+            "DeepSpeed hostfile (`host slots=N` lines). Needs passwordless ssh to every node, pdsh here and the "
+            "target --python at the same path on every node; the launch files are copied to nodes that do not "
+            "share this host's file system. See docs/multinode.md.")] = None,
         isolate: Annotated[bool, typer.Option("--isolate", help="One launch per check (slower; for triage).")]
         = False,
     ) -> None:

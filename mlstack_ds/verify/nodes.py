@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # accelerator choice, the interface and transport settings of gloo/NCCL/RCCL, and ROCm's device selection.
 FORWARDED_PREFIXES = ("MLSTACK_", "DS_ACCELERATOR", "GLOO_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_",
                       "OMP_", "TORCH_")
+MAX_PARALLEL_NODES = 32  # ssh sessions at once (sshd's default MaxStartups is 10:30:100 per node)
 DEFAULT_ENV_FILE_NAME = ".deepspeed_env"  # DeepSpeed's default, looked up in $HOME and the working directory
 
 
@@ -47,7 +49,9 @@ def prepare(hosts: Sequence[HostEntry], python: Path, launch_dir: Path, *,
             env: Mapping[str, str] | None = None, status: Callable[[str], None] = lambda _m: None) -> list[Node]:
     """Check every node with ranks and make `launch_dir` exist on it; one status line per node.
 
-    Raises EnvironmentProblem naming the first node that cannot take part (nothing has run yet)."""
+    One ssh round trip per node for the checks (plus the copy where needed), all nodes at once (up to
+    MAX_PARALLEL_NODES): the cost of a large hostfile is then a few round trips, not one per node and check.
+    Raises EnvironmentProblem naming every node that cannot take part; nothing has run anywhere then."""
     if runner.which("pdsh", path=(env or {}).get("PATH")) is None:
         raise EnvironmentProblem("pdsh is not installed on this host; DeepSpeed's launcher starts the other "
                                  "nodes' ranks through it",
@@ -55,50 +59,99 @@ def prepare(hosts: Sequence[HostEntry], python: Path, launch_dir: Path, *,
     token_file = launch_dir / "shared-file-system-probe"
     token = secrets.token_hex(16)
     token_file.write_text(token)
-    nodes: list[Node] = []
+    layout = rank_layout(hosts)
+    ready: dict[str, Node] = {}
+    problems: dict[str, EnvironmentProblem] = {}
+
+    def one(host: str) -> Node:
+        node = Node(host, tuple(layout[host]), _check_node(host, python, token_file, token, env))
+        if not node.shared:
+            remote.copy_to(host, launch_dir, launch_dir.parent, env=env)
+        return node
+
     try:
-        for host, ranks in rank_layout(hosts).items():
-            gone = remote.check_reachable(host, env=env)
-            if gone is not None:
-                raise gone.error()
-            found = remote.run_on(host, ["test", "-x", python], env=env)
-            if not found.ok:
-                raise EnvironmentProblem(
-                    f"node {host} has no interpreter at {python}",
-                    hint="DeepSpeed's launcher starts the same path on every node: create the environment there "
-                    "at that path (a shared file system does it once)")
-            shared = remote.sees_same_file(host, token_file, token, env=env)
-            if not shared:
-                remote.copy_to(host, launch_dir, launch_dir.parent, env=env)
-            nodes.append(Node(host, tuple(ranks), shared))
-            status(f"{host}: reachable, ranks {_ranks_text(ranks)}, "
-                   f"{'shared file system' if shared else 'launch files copied with scp'}")
-    except BaseException:
-        cleanup(nodes, "", launch_dir, env=env)
-        raise
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_NODES, len(layout))) as pool:
+            futures = {pool.submit(one, host): host for host in layout}
+            for future in as_completed(futures):
+                host = futures[future]
+                try:
+                    ready[host] = future.result()
+                except EnvironmentProblem as exc:
+                    problems[host] = exc
+                    status(f"{host}: {exc.message}")
+                    continue
+                node = ready[host]
+                status(f"{host}: reachable, ranks {_ranks_text(node.ranks)}, "
+                       f"{'shared file system' if node.shared else 'launch files copied with scp'}")
     finally:
         token_file.unlink(missing_ok=True)
+    nodes = [ready[host] for host in layout if host in ready]
+    if problems:
+        cleanup(nodes, "", launch_dir, env=env)
+        first = next(problems[h] for h in layout if h in problems)
+        if len(problems) == 1:
+            raise first
+        others = "; ".join(problems[h].message for h in layout if h in problems)
+        raise EnvironmentProblem(f"{len(problems)} nodes cannot take part: {others}", hint=first.hint)
     return nodes
 
 
-def collect(nodes: Sequence[Node], results_dir: Path, *, env: Mapping[str, str] | None = None) -> None:
-    """Fetch what the ranks of copied nodes wrote into their `results_dir` (a dead node gives nothing)."""
-    for node in nodes:
+def _check_node(host: str, python: Path, token_file: Path, token: str, env: Mapping[str, str] | None) -> bool:
+    """Reachable, the interpreter there; returns whether the node shares `token_file`'s file system."""
+    answer = remote.run_on(host, ["sh", "-c", _CHECK_SCRIPT, "sh", python, token_file], env=env)
+    gone = remote.unreachable(answer, host)
+    if gone is not None:
+        raise gone.error()
+    if "python=yes" not in answer.stdout.splitlines():
+        raise EnvironmentProblem(
+            f"node {host} has no interpreter at {python}",
+            hint="DeepSpeed's launcher starts the same path on every node: create the environment there at that "
+            "path (a shared file system does it once)")
+    return f"token={token}" in answer.stdout.splitlines()
+
+
+# $1: the interpreter, $2: the file this host just wrote (its content is on the node only if shared)
+_CHECK_SCRIPT = ('if test -x "$1"; then echo python=yes; else echo python=no; fi; '
+                 'printf "token="; cat "$2" 2>/dev/null; echo')
+
+
+def finish(nodes: Sequence[Node], run_id: str, launch_dir: Path, results_dir: Path, *,
+           env: Mapping[str, str] | None = None) -> None:
+    """After the launch, on every node at once: kill what still runs of it (a rank on another node is not
+    this host's child and outlives the launcher), then on copied nodes fetch the rank logs (final, since
+    their writers are dead) and remove the copy. Best effort: a node that went away keeps what it has."""
+    def one(node: Node) -> None:
+        remote.kill_marked(node.host, run_id, env=env)
         if not node.shared:
-            remote.fetch_from(node.host, [results_dir / "rank*.jsonl"], results_dir, env=env)
+            try:
+                remote.fetch_from(node.host, [results_dir / "rank*.jsonl"], results_dir, env=env)
+                remote.run_on(node.host, ["rm", "-rf", "--", launch_dir], env=env)
+            except EnvironmentProblem:
+                return
+
+    _on_each(nodes, one)
 
 
 def cleanup(nodes: Sequence[Node], run_id: str, launch_dir: Path, *, env: Mapping[str, str] | None = None) -> None:
     """Kill this launch's processes on every node (by the run id on their command line) and remove the
-    copies of the launch directory. Best effort: a node that went away keeps what it has."""
-    for node in nodes:
+    copies of the launch directory, one ssh round trip per node, all at once. Best effort: a node that
+    went away keeps what it has."""
+    def one(node: Node) -> None:
         if run_id:
             remote.kill_marked(node.host, run_id, env=env)
         if not node.shared:
             try:
                 remote.run_on(node.host, ["rm", "-rf", "--", launch_dir], env=env)
             except EnvironmentProblem:
-                continue
+                return
+
+    _on_each(nodes, one)
+
+
+def _on_each(nodes: Sequence[Node], action: Callable[[Node], None]) -> None:
+    if nodes:
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_NODES, len(nodes))) as pool:
+            list(pool.map(action, nodes))
 
 
 def write_env_file(path: Path, env: Mapping[str, str], *, home: Path | None = None, cwd: Path | None = None) -> Path:

@@ -19,7 +19,7 @@ from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, Interrupted, UsageError
-from mlstack_ds.multinode import hostfile, remote
+from mlstack_ds.multinode import hostfile
 from mlstack_ds.verify import launch, nodes
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
@@ -131,12 +131,12 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
             # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
             outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
-            _finish_nodes(node_list, run_id, launch_dir, out_dir, env)
+            nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
             logs = launch.read_rank_logs(out_dir, world_size)
             finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
                         for name in names if all(name in log.results for log in logs.values())]
             raise _InterruptedGroup(finished) from None
-        _finish_nodes(node_list, run_id, launch_dir, out_dir, env)
+        nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
         logs = launch.read_rank_logs(out_dir, world_size)
     results = []
     for name in names:
@@ -148,16 +148,6 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
                           outcome.timed_out, outcome.log_tail if _any_failed(results) else "",
                           tuple(n.to_json() for n in node_list))
     return results, record
-
-
-def _finish_nodes(node_list: Sequence[nodes.Node], run_id: str, launch_dir: Path, out_dir: Path,
-                  env: Mapping[str, str]) -> None:
-    """After a multi-node launch: stop what still runs anywhere, fetch the copied nodes' logs, clean up."""
-    if node_list:
-        for node in node_list:  # first stop the ranks, so that the logs fetched are final
-            remote.kill_marked(node.host, run_id, env=env)
-        nodes.collect(node_list, out_dir, env=env)
-        nodes.cleanup(node_list, "", launch_dir, env=env)
 
 
 class _InterruptedGroup(Exception):
