@@ -116,6 +116,13 @@ def installed_target(cold_install: BackgroundInstall | None) -> Target:
 
 
 @pytest.fixture(scope="session")
+def install_verify_report(installed_target: Target, cold_install: BackgroundInstall) -> dict:
+    """The verify report (`--json`) of the whole suite that the cold install ran on its target: the
+    single-node suite run the verify tests examine, instead of running it a second time."""
+    return json.loads(cold_install.wait().stdout)["verify"]
+
+
+@pytest.fixture(scope="session")
 def target_venv(installed_target: Target) -> TargetVenv:
     """The verify tests' view of the installed target: cpu_adam, fused_adam, shm_comm prebuilt."""
     return TargetVenv(installed_target.venv, 0.0)

@@ -35,11 +35,12 @@ def two_hosts_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHo
 def node_local_hosts(tmp_path: Path) -> Iterator[Callable[..., AbstractContextManager[TwoHosts]]]:
     """`node_local_hosts(venv=None)`: two hosts, each with a scratch directory of its own at one common path
     (`scratch_dir(hosts)`: give it to the CLI as TMPDIR, and what it writes there is on that node only,
-    like a node-local /tmp) and, with `venv`, its own copy of that venv at the venv's path."""
+    like a node-local /tmp) and, with `venv`, its own copy of that venv at the venv's path
+    (`own_hostnames`: see tests/two_hosts.py)."""
     _skip_without_harness()
     made: list[Path] = []
 
-    def start(venv: Path | None = None) -> AbstractContextManager[TwoHosts]:
+    def start(venv: Path | None = None, own_hostnames: bool = True) -> AbstractContextManager[TwoHosts]:
         scratch = tmp_path / "scratch"
         scratch.mkdir(exist_ok=True)
         mounts: dict[str, dict[Path, Path]] = {}
@@ -52,7 +53,7 @@ def node_local_hosts(tmp_path: Path) -> Iterator[Callable[..., AbstractContextMa
                 subprocess.run(["cp", "-a", str(venv), str(copy)], check=True)
                 made.append(copy)
                 mounts[name][venv] = copy
-        return two_hosts(tmp_path / "hosts", node_local=mounts, names=NODE_NAMES)
+        return two_hosts(tmp_path / "hosts", node_local=mounts, names=NODE_NAMES, own_hostnames=own_hostnames)
 
     yield start
     for copy in made:

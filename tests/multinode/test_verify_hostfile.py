@@ -54,11 +54,15 @@ def test_whole_suite_passes_across_two_nodes(two_hosts_shared: TwoHosts, target_
 
 
 def test_launch_files_are_copied_to_nodes_that_do_not_share_them(node_local_hosts, target_venv: TargetVenv) -> None:
-    """Each node has its own TMPDIR (a node-local /tmp): the worker goes there by scp, the logs come back."""
-    with node_local_hosts() as hosts:
+    """Each node has its own TMPDIR (a node-local /tmp): the worker goes there by scp, the logs come back.
+
+    These nodes also keep the machine's hostname, as in the time-out test below, so the run passes only
+    because GLOO_SOCKET_IFNAME reaches the ranks on both nodes: DeepSpeed's launcher exports only a few
+    variable prefixes by itself, and verify hands it the rest through DS_ENV_FILE."""
+    with node_local_hosts(own_hostnames=False) as hosts:
         scratch = scratch_dir(hosts)
         code, report, stderr = verify_json(hosts, target_venv.python, "--only", "zero1,zero3",
-                                           env={"TMPDIR": str(scratch)})
+                                           env={"TMPDIR": str(scratch), "GLOO_SOCKET_IFNAME": "mls0"})
         assert code == 0, (stderr, report)
         assert [(c["name"], c["status"], c["ranks"]) for c in report["checks"]] == [
             ("zero1", "pass", {"0": "pass", "1": "pass"}), ("zero3", "pass", {"0": "pass", "1": "pass"})]
@@ -110,14 +114,4 @@ def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
         (check,) = report["checks"]
         assert check["status"] == "fail"
         assert "remote=[127.0.0.1]" in check["reason"], check["reason"]
-        assert_nothing_left(hosts)
-
-
-def test_the_interface_setting_reaches_every_rank(tmp_path: Path, target_venv: TargetVenv) -> None:
-    """The same misconfigured hosts work once GLOO_SOCKET_IFNAME names the interface: verify forwards it to
-    the ranks on every node (DeepSpeed's launcher exports only a few prefixes by itself)."""
-    with two_hosts(tmp_path / "hosts", own_hostnames=False) as hosts:
-        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "zero1",
-                                           env={"GLOO_SOCKET_IFNAME": "mls0"})
-        assert code == 0, (stderr, report)
         assert_nothing_left(hosts)
