@@ -10,11 +10,16 @@ machine's hostname, so gloo falls back to loopback) ends at the time-out with no
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from target_env import TargetVenv
-from two_hosts import TwoHosts, head_cli, scratch_dir, two_hosts
+from two_hosts import REPO_ROOT, TwoHosts, head_cli, scratch_dir, two_hosts
 
 from mlstack_ds.errors import ExitCode
 from mlstack_ds.verify.checks import CHECK_NAMES
@@ -115,3 +120,36 @@ def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
         assert check["status"] == "fail"
         assert "remote=[127.0.0.1]" in check["reason"], check["reason"]
         assert_nothing_left(hosts)
+
+
+def test_sigterm_stops_the_ranks_on_every_node(two_hosts_shared: TwoHosts, target_venv: TargetVenv) -> None:
+    """The issue's measurement: after a SIGTERM the launcher, pdsh and the ranks kept running. Now the CLI
+    exits 130 and no process of the launch is left on either node. Rank 1, on the second node, hangs in
+    zero3 (the test fault variable reaches it through the env file, like every MLSTACK_ variable)."""
+    hosts = two_hosts_shared
+    argv = [sys.executable, "-m", "mlstack_ds", "verify", "--hostfile", hosts.hostfile(1), "--python",
+            target_venv.python, "--only", "zero3", "--json"]
+    env = hosts.env({**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:zero3"})
+    cli = subprocess.Popen(hosts.on(hosts.hosts[0], argv), env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(_is_worker(pid) for pid in hosts.processes(hosts.hosts[1])):
+            assert cli.poll() is None, cli.communicate()
+            assert time.monotonic() < deadline, "no rank started on the second node"
+            time.sleep(0.5)
+        cli.send_signal(signal.SIGTERM)
+        out, err = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == ExitCode.INTERRUPTED, err
+    assert json.loads(out)["error"]["message"].startswith("interrupted: verify stopped")
+    assert_nothing_left(hosts)
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"mlstack_verify_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
