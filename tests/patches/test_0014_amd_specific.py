@@ -91,7 +91,7 @@ def test_engine_on_cpu_accepts_section_and_logs_once(patched_tree, tmp_path_fact
     cases = {"valid": CASES["valid"], "typo": CASES["typo"], "absent": None}
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()),
-           # DeepSpeed's CPU comm backend JIT-builds its shm op; a private cache avoids other runs' locks
+           # nothing is JIT-built (the probe turns the shm op off); a private cache in case that ever changes
            "TORCH_EXTENSIONS_DIR": str(tmp_path_factory.mktemp("torch-extensions"))}
     result = run_python_in_tree(patched_tree, PROBES / "amd_specific_probe.py", json.dumps(cases), env=env,
                                 timeout=900)
