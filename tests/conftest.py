@@ -41,6 +41,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = others + needs
 
 
+REUSED_TARGET_ENV = "MLSTACK_TEST_TARGET_VENV"
+
+
 @pytest.fixture(scope="session")
 def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """mlstack-ds's cache for the session. MLSTACK_E2E_CACHE reuses one between local runs (a warm
@@ -53,7 +56,8 @@ def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, e2e_cache: Path):
     """Start the session's cold `mlstack-ds install` at the first test when any selected test needs it
     (tests/cold_install.py); None otherwise."""
-    if not any(INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in request.session.items):
+    if os.environ.get(REUSED_TARGET_ENV) or not any(
+            INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in request.session.items):
         yield None
         return
     install = BackgroundInstall(tmp_path_factory.mktemp("target") / "venv", e2e_cache).start()
@@ -102,9 +106,12 @@ def pristine_tree_template(
 
 
 @pytest.fixture(scope="session")
-def installed_target(cold_install: BackgroundInstall | None) -> Target:
+def installed_target(cold_install: BackgroundInstall | None, e2e_cache: Path) -> Target:
     """A venv with torch 2.13.0 CPU, transformers and accelerate, and DeepSpeed installed by
     `mlstack-ds install` (cold build), started when the session began (tests/conftest.py)."""
+    reused = os.environ.get(REUSED_TARGET_ENV)
+    if reused:  # local runs only: a venv an earlier `mlstack-ds install` made (CI leaves this unset)
+        return Target(Path(reused), e2e_cache)
     assert cold_install is not None, "tests/conftest.py starts the cold install for every test that needs it"
     result = cold_install.wait()
     sys.stderr.write(f"\n[installed_target] cold install finished {cold_install.seconds:.0f} s after it started\n")
@@ -116,9 +123,12 @@ def installed_target(cold_install: BackgroundInstall | None) -> Target:
 
 
 @pytest.fixture(scope="session")
-def install_verify_report(installed_target: Target, cold_install: BackgroundInstall) -> dict:
+def install_verify_report(installed_target: Target, cold_install: BackgroundInstall | None) -> dict:
     """The verify report (`--json`) of the whole suite that the cold install ran on its target: the
     single-node suite run the verify tests examine, instead of running it a second time."""
+    if cold_install is None:  # a reused target: run the suite now
+        result = installed_target.cli("verify", "--python", installed_target.python, "--json")
+        return json.loads(result.stdout)
     return json.loads(cold_install.wait().stdout)["verify"]
 
 
