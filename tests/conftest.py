@@ -1,11 +1,19 @@
-"""Shared test fixtures: the real DeepSpeed 0.19.5 sdist (downloaded once, cached) and trees made from it.
+"""Shared test fixtures: the real DeepSpeed 0.19.5 sdist (downloaded once, cached), trees made from it,
+and the target venvs.
 
 The sdist comes from the package index through pip, like users get it; it is cached in
 `$MLSTACK_TEST_CACHE` (default `<repo>/.cache/test`) so a CI run downloads it once.
+
+Targets: `installed_target` is the product's own install (`mlstack-ds install` from the PyPI sdist,
+patched), done once per session in the background and shared by the install, verify and multi-node tests;
+its wheel cache (`e2e_cache`) makes later reinstalls take seconds. `no_ops_venv` is the one other kind of
+target: DeepSpeed without prebuilt ops, which mlstack-ds never makes, built by hand in tests/target_env.py;
+tests that only need *a* DeepSpeed (launch mechanics) use it, so they run while the cold install builds.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -17,7 +25,15 @@ from pathlib import Path
 import pytest
 from cold_install import INSTALLED_TARGET_FIXTURE, BackgroundInstall
 from e2e_support import Target
-from target_env import DS_SDIST_SHA256, DS_VERSION, TargetVenv, cached_deepspeed_sdist
+from target_env import (
+    DS_SDIST_SHA256,
+    DS_VERSION,
+    NO_OPS_FLAGS,
+    TargetVenv,
+    build_target_venv,
+    cached_deepspeed_sdist,
+    test_cache_dir,
+)
 
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
@@ -136,6 +152,25 @@ def install_verify_report(installed_target: Target, cold_install: BackgroundInst
 def target_venv(installed_target: Target) -> TargetVenv:
     """The verify tests' view of the installed target: cpu_adam, fused_adam, shm_comm prebuilt."""
     return TargetVenv(installed_target.venv, 0.0)
+
+
+@pytest.fixture(scope="session")
+def no_ops_venv(deepspeed_sdist: Path) -> TargetVenv:
+    """DeepSpeed installed with DS_BUILD_OPS=0: pure Python, every op would be JIT-compiled."""
+    made = build_target_venv(deepspeed_sdist, NO_OPS_FLAGS, test_cache_dir())
+    if made.build_seconds:
+        sys.stderr.write(f"\n[no_ops_venv] built in {made.build_seconds:.0f} s: {made.root}\n")
+    return made
+
+
+@pytest.fixture(scope="session")
+def torch_only_python() -> Path:
+    """The test venv's interpreter: pinned torch (scripts/test.sh installs it), no DeepSpeed."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.fail("the test venv has no torch; scripts/test.sh installs torch==2.13.0 into it")
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.fail("the test venv has DeepSpeed installed; it must not (it is the 'deepspeed missing' case)")
+    return Path(sys.executable)
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,8 @@ def two_hosts(root: Path, *, node_local: Mapping[str, Mapping[Path, Path]] | Non
     tag = uuid.uuid4().hex[:6]
     hosts = [Host(name, f"{SUBNET}.{i + 1}", f"mls-{tag}-{i}") for i, name in enumerate(names)]
     key = root / "id_ed25519"
+    for old in (key, root / "id_ed25519.pub", root / "host_key", root / "host_key.pub"):  # a reused root
+        old.unlink(missing_ok=True)
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
     _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "host_key")
     authorized = _write(root / "authorized_keys", (root / "id_ed25519.pub").read_text(), 0o600)

@@ -1,10 +1,14 @@
 """`verify --hostfile` for real: DeepSpeed's own launcher (pdsh over ssh) on two hosts, 1 slot each.
 
 The hosts are network namespaces with their own sshd (tests/two_hosts.py); the CLI runs on the first one.
-What is proven: the whole suite passes across the nodes (every zero* check against the torch reference,
-as on one node); launch files reach nodes that do not share the file system (scp) and the rank logs come
-back; bad nodes are refused up front naming the node; a launch that cannot rendezvous (both nodes keep the
-machine's hostname, so gloo falls back to loopback) ends at the time-out with nothing left on any node.
+What is proven: the whole suite passes across the nodes on the installed target (every zero* check
+against the torch reference, as on one node). The launch mechanics, with only the `environment` check (a
+rendezvous and a gather, the cheapest launch): launch files reach nodes that do not share the file system
+(scp) and the rank logs come back; a launch that cannot rendezvous (both nodes keep the machine's
+hostname, so gloo falls back to loopback) ends at the time-out with nothing left on any node; a SIGTERM
+leaves nothing either. The refusals before any launch (an unreachable node, a missing interpreter) use
+targets that need no cold install (torch only; DeepSpeed without prebuilt ops), so they run while the
+session's cold install builds.
 """
 
 from __future__ import annotations
@@ -66,11 +70,11 @@ def test_launch_files_are_copied_to_nodes_that_do_not_share_them(node_local_host
     variable prefixes by itself, and verify hands it the rest through DS_ENV_FILE."""
     with node_local_hosts(own_hostnames=False) as hosts:
         scratch = scratch_dir(hosts)
-        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "zero1,zero3",
+        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "environment",
                                            env={"TMPDIR": str(scratch), "GLOO_SOCKET_IFNAME": "mls0"})
         assert code == 0, (stderr, report)
         assert [(c["name"], c["status"], c["ranks"]) for c in report["checks"]] == [
-            ("zero1", "pass", {"0": "pass", "1": "pass"}), ("zero3", "pass", {"0": "pass", "1": "pass"})]
+            ("environment", "pass", {"0": "pass", "1": "pass"})]
         assert [(n["host"], n["files"]) for n in report["nodes"]] == [("mls-node-a", "shared"),
                                                                      ("mls-node-b", "copied")]
         for host in hosts.hosts:  # the copy on node b is removed, and so is the head's own directory
@@ -79,7 +83,7 @@ def test_launch_files_are_copied_to_nodes_that_do_not_share_them(node_local_host
         assert_nothing_left(hosts)
 
 
-def test_an_unreachable_node_is_named_and_nothing_runs(two_hosts_shared: TwoHosts, target_venv: TargetVenv,
+def test_an_unreachable_node_is_named_and_nothing_runs(two_hosts_shared: TwoHosts, torch_only_python: Path,
                                                        tmp_path: Path) -> None:
     """A third host in the hostfile whose address answers nothing: refused before any rank starts."""
     hostfile = tmp_path / "hostfile"
@@ -88,7 +92,7 @@ def test_an_unreachable_node_is_named_and_nothing_runs(two_hosts_shared: TwoHost
     original = config.read_text()
     config.write_text("Host mls-node-c\n  HostName 10.213.77.3\n  ConnectTimeout 2\n" + original)
     try:
-        code, report, stderr = verify_json(two_hosts_shared, target_venv.python, hostfile=hostfile)
+        code, report, stderr = verify_json(two_hosts_shared, torch_only_python, hostfile=hostfile)
     finally:
         config.write_text(original)
     assert code == ExitCode.ENVIRONMENT, stderr
@@ -98,14 +102,14 @@ def test_an_unreachable_node_is_named_and_nothing_runs(two_hosts_shared: TwoHost
     assert_nothing_left(two_hosts_shared)
 
 
-def test_a_node_without_the_interpreter_is_named(tmp_path: Path, target_venv: TargetVenv) -> None:
+def test_a_node_without_the_interpreter_is_named(tmp_path: Path, no_ops_venv: TargetVenv) -> None:
     empty = tmp_path / "empty-venv"
     empty.mkdir()
     with two_hosts(tmp_path / "hosts") as hosts:
-        hosts.run_on(hosts.hosts[1], ["mount", "--bind", empty, target_venv.root])  # in b's mount namespace only
-        code, report, stderr = verify_json(hosts, target_venv.python)
+        hosts.run_on(hosts.hosts[1], ["mount", "--bind", empty, no_ops_venv.root])  # in b's mount namespace only
+        code, report, stderr = verify_json(hosts, no_ops_venv.python)
     assert code == ExitCode.ENVIRONMENT, stderr
-    assert report["error"]["message"] == f"node mls-node-b has no interpreter at {target_venv.python}"
+    assert report["error"]["message"] == f"node mls-node-b has no interpreter at {no_ops_venv.python}"
 
 
 def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
@@ -115,7 +119,7 @@ def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
     long) and rank 1 waits. Before the fix, rank 1 and its launcher kept running on the second node after
     verify gave up."""
     with two_hosts(tmp_path / "hosts", own_hostnames=False) as hosts:
-        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "zero1", "--timeout", "45")
+        code, report, stderr = verify_json(hosts, target_venv.python, "--only", "environment", "--timeout", "45")
         assert code == ExitCode.VERIFY, stderr
         (check,) = report["checks"]
         assert check["status"] == "fail"
@@ -129,11 +133,11 @@ def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
 def test_sigterm_stops_the_ranks_on_every_node(two_hosts_shared: TwoHosts, target_venv: TargetVenv) -> None:
     """The issue's measurement: after a SIGTERM the launcher, pdsh and the ranks kept running. Now the CLI
     exits 130 and no process of the launch is left on either node. Rank 1, on the second node, hangs in
-    zero3 (the test fault variable reaches it through the env file, like every MLSTACK_ variable)."""
+    its check (the test fault variable reaches it through the env file, like every MLSTACK_ variable)."""
     hosts = two_hosts_shared
     argv = [sys.executable, "-m", "mlstack_ds", "verify", "--hostfile", hosts.hostfile(1), "--python",
-            target_venv.python, "--only", "zero3", "--json"]
-    env = hosts.env({**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:zero3"})
+            target_venv.python, "--only", "environment", "--json"]
+    env = hosts.env({**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:environment"})
     cli = subprocess.Popen(hosts.on(hosts.hosts[0], argv), env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
