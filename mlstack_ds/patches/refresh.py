@@ -243,9 +243,14 @@ def _fresh_diff(scratch: _Scratch, before: str, after: str, patch: PatchFile) ->
 
 
 def _header(patch: PatchFile) -> str:
-    """The patch's mail header and description, verbatim (everything before its first file diff)."""
+    """The patch's mail header and description, verbatim (everything before its first file diff), less
+    the diffstat after `---`, which the fresh diff no longer matches."""
     match = _DIFF_START.search(patch.text)
     header = patch.text[: match.start()] if match else ""
+    lines = header.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        if line.strip() == "---":
+            return "".join(lines[: index + 1]) + "\n"
     return header if header.endswith("\n") or not header else header + "\n"
 
 
