@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from mlstack_ds.errors import ExitCode
+from mlstack_ds.errors import ExitCode, UsageError
+from mlstack_ds.patches.refresh import check_out_dir
 from mlstack_ds.resources import data_dir
 
 OLD = data_dir("patches") / "deepspeed-0.19.5"
@@ -69,6 +70,8 @@ def test_clean_and_offset_patches_are_regenerated_without_offset(refreshed, next
     old = OLD / draft.name
     # the header (description, Origin, ...) is kept; the diffstat is gone, the diff is fresh
     assert draft.read_text().split("\n---\n")[0] == old.read_text().split("\n---\n")[0]
+    # only the top-level paths, as upstream names them: the sdist's copies are the engine's business
+    assert "deepspeed/ops/op_builder" not in draft.read_text()
     tree = tmp_path / "tree"
     shutil.copytree(next_pristine_tree, tree, symlinks=True)
     applied = subprocess.run(["git", "apply", "--verbose", str(draft)], cwd=tree, capture_output=True, text=True,
@@ -142,3 +145,11 @@ def test_bad_inputs_exit_2_and_write_nothing(next_pristine_tree, tmp_path):
     assert sorted((p.name, p.stat().st_mtime_ns) for p in shipped.iterdir()) == before
     assert not out.exists()
     assert not list(tmp_path.glob(".refresh-*"))
+
+
+def test_out_inside_a_shipped_series_directory_is_refused_too(tmp_path):
+    shipped = data_dir("patches") / "deepspeed-0.19.5"
+    with pytest.raises(UsageError, match="shipped series directory"):
+        check_out_dir(shipped / "draft", (shipped,))
+    assert not (shipped / "draft").exists()
+    assert check_out_dir(tmp_path / "new", (shipped,)) == tmp_path / "new"
