@@ -216,9 +216,8 @@ def _offsets(report: str, patch: PatchFile) -> tuple[HunkNote, ...]:
             current = checking["file"]
             continue
         hunk = _HUNK_AT.match(line)
-        if hunk and current in patch.files:
-            detail = f"at line {hunk['line']}" + (f", offset {hunk['offset']} lines" if hunk["offset"] else "")
-            notes.append(HunkNote(current, int(hunk["hunk"]), detail))
+        if hunk and hunk["offset"] and current in patch.files:
+            notes.append(HunkNote(current, int(hunk["hunk"]), f"at line {hunk['line']}, offset {hunk['offset']} lines"))
     return tuple(notes)
 
 
