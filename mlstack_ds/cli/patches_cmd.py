@@ -206,8 +206,8 @@ def register_refresh(patches: typer.Typer) -> None:
         from_: Annotated[str, typer.Option("--from", metavar="NAME|VERSION",
                                            help="The recipe whose series is moved.")] = DEFAULT_RECIPE,
         out: Annotated[Path | None, typer.Option(
-            "--out", help="Where the draft series goes (default ./<to>.patches-draft); must not exist or be "
-            "empty, and never a shipped series directory.")] = None,
+            "--out", help="Where the draft series goes (default ./deepspeed-VERSION.patches-draft of --to); "
+            "must not exist or be empty, and never a shipped series directory.")] = None,
         tree: Annotated[Path | None, typer.Option(
             "--tree", help="The new release's tree (default: fetch the --to recipe's sdist, cached).")] = None,
         cache_dir: Annotated[Path | None, typer.Option(
