@@ -152,7 +152,8 @@ def make_plan(
     if not toolchain.ninja:
         notes.append("ninja not found: ops compile one file at a time (pip install ninja makes it faster)")
 
-    source_pin = options.source_pin or (recipe.git.commit if options.source == "git" else recipe.sdist.sha256)
+    source_pin = options.source_pin or (
+        (recipe.git.commit or "git:unpinned") if options.source == "git" else recipe.sdist.sha256)
     patch_refs = tuple(patches) if options.patches else ()
     pip_args = ("-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir")
     key_material = {

@@ -38,7 +38,7 @@ class RecipeError(UsageError):
 class GitPin:
     url: str
     tag: str
-    commit: str
+    commit: str | None  # None: no commit could be verified when the release was pinned (sdist only)
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,10 @@ def parse_recipe(data: Mapping[str, Any], path: Path) -> Recipe:
     source.only({"git", "sdist"})
     git = source.table("git")
     git.only({"url", "tag", "commit"})
-    commit = git.get("commit", str)
-    if not _COMMIT.match(commit):
+    # `commit` may be left out when it cannot be verified (no access to the repository when pinning);
+    # `--source git` then needs --git-commit, and the sdist's sha256 stays the pin.
+    commit = git.get("commit", str) if "commit" in git.data else None
+    if commit is not None and not _COMMIT.match(commit):
         raise git.error("commit", f"{commit!r} is not a full 40-character lowercase hex commit id")
     sdist = source.table("sdist")
     sdist.only({"filename", "sha256"})

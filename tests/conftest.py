@@ -26,6 +26,8 @@ import pytest
 from cold_install import INSTALLED_TARGET_FIXTURE, BackgroundInstall
 from e2e_support import Target
 from target_env import (
+    DS_NEXT_SDIST_SHA256,
+    DS_NEXT_VERSION,
     DS_SDIST_SHA256,
     DS_VERSION,
     NO_OPS_FLAGS,
@@ -119,6 +121,15 @@ def pristine_tree_template(
     """
     dest = tmp_path_factory.mktemp("ds-pristine") / f"deepspeed-{DS_VERSION}"
     return fetch_source(find_recipe(), parse_source_spec(str(deepspeed_sdist)), fetch_cache, dest).path
+
+
+@pytest.fixture(scope="session")
+def next_pristine_tree(fetch_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The second pin's sdist (0.19.8) as a pristine one-commit tree, like `pristine_tree_template`."""
+    sdist = cached_deepspeed_sdist(DS_NEXT_VERSION, DS_NEXT_SDIST_SHA256)
+    dest = tmp_path_factory.mktemp("ds-next-pristine") / f"deepspeed-{DS_NEXT_VERSION}"
+    return fetch_source(find_recipe(f"deepspeed-{DS_NEXT_VERSION}"), parse_source_spec(str(sdist)), fetch_cache,
+                        dest).path
 
 
 @pytest.fixture(scope="session")

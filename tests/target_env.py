@@ -27,6 +27,9 @@ from pathlib import Path
 
 DS_VERSION = "0.19.5"
 DS_SDIST_SHA256 = "8dc5d32604a3c7a713b3d14de482533bd328ffebe716cdafcc3511953fc90cdf"  # PyPI's sdist
+# The second pin (recipes/deepspeed-0.19.8.toml): patch and refresh tests use its sdist.
+DS_NEXT_VERSION = "0.19.8"
+DS_NEXT_SDIST_SHA256 = "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
 TORCH_PIN = "torch==2.13.0"  # never unpinned: an unpinned torch pulls a multi-GB CUDA build
 # DeepSpeed 0.19.5's requirements/requirements.txt, minus torch (pinned above).
 DEEPSPEED_RUNTIME_DEPS = ("einops", "hjson", "msgpack", "ninja", "numpy", "packaging>=20.0", "psutil",

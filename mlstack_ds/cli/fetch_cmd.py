@@ -47,8 +47,8 @@ def register(app: typer.Typer) -> None:
         recipe = find_recipe(recipe_name)
         spec = parse_source_spec(source, git_url=git_url, git_commit=git_commit, sha256=sha256)
         if spec.git_commit and spec.git_commit != recipe.git.commit:
-            output.warn(f"expecting commit {spec.git_commit} for {recipe.git.tag}, not the pinned "
-                        f"{recipe.git.commit} (--git-commit)")
+            pinned = f"the pinned {recipe.git.commit}" if recipe.git.commit else "no pinned commit"
+            output.warn(f"expecting commit {spec.git_commit} for {recipe.git.tag}, {pinned} (--git-commit)")
         target = dest if dest is not None else default_dest(recipe)
         output.status(f"fetching {recipe.package} {recipe.version} from {source} ...")
         with _progress(output) as progress:

@@ -1,8 +1,9 @@
-"""`mlstack-ds patches list|check|apply|status|lint`: the patch series and what it does to a tree."""
+"""`mlstack-ds patches list|check|apply|status|lint|refresh`: the patch series and what it does to a tree."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import tempfile
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,7 +14,7 @@ from rich.text import Text
 
 from mlstack_ds.cli.options import JsonOption, RecipeOption
 from mlstack_ds.console import make_output, print_records
-from mlstack_ds.errors import PatchError, UsageError
+from mlstack_ds.errors import MlstackError, PatchError, UsageError
 from mlstack_ds.patches import (
     PatchState,
     SeriesCheck,
@@ -23,13 +24,20 @@ from mlstack_ds.patches import (
     series_for_recipe,
     tree_status,
 )
-from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
+from mlstack_ds.patches.refresh import RefreshResult, Verdict, check_out_dir, refresh_series
+from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
 from mlstack_ds.resources import data_dir
+from mlstack_ds.source import fetch_source, parse_source_spec
+from mlstack_ds.source.local import check_deepspeed_tree
 
 _STYLE = {PatchState.APPLIES: "green", PatchState.ALREADY_APPLIED: "cyan", PatchState.CONFLICTS: "red"}
 
 SeriesOpt = Annotated[Path | None, typer.Option("--series", help="This series file, not the recipe's.")]
 TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The tree (default ./deepspeed-VERSION).")]
+
+
+_VERDICT_STYLE = {Verdict.CLEAN: "green", Verdict.OFFSET: "yellow", Verdict.FUZZ: "yellow",
+                  Verdict.UPSTREAM: "cyan", Verdict.CONFLICTS: "red"}
 
 
 def _default_tree(recipe_name: str) -> Path:
@@ -57,6 +65,7 @@ def _print_check(check: SeriesCheck, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     patches = typer.Typer(help="Inspect and apply the patch series.", no_args_is_help=True)
     app.add_typer(patches, name="patches")
+    register_refresh(patches)
 
     @patches.command("list")
     def list_(
@@ -155,5 +164,90 @@ def register(app: typer.Typer) -> None:
                 output.out.print(f"{directory}: {'ok' if not found else f'{len(found)} problem(s)'}")
                 for line in found:
                     output.out.print(f"  {escape(line)}")
+        if failure is not None:
+            raise failure
+
+
+def _shipped_series_dirs() -> tuple[Path, ...]:
+    """Every series directory this tool ships (and each recipe's), which refresh must never write."""
+    dirs = {p.parent for p in data_dir("patches").glob("*/series")}
+    dirs |= {r.series_path.parent for r in list_recipes()}
+    return tuple(sorted(dirs))
+
+
+def _checked_tree(tree: Path, recipe: Recipe) -> Path:
+    """`--tree` must be a DeepSpeed tree at the --to release (exit 2 otherwise; nothing is written)."""
+    if not tree.is_dir():
+        raise UsageError(f"--tree {tree} is not a directory", hint="pass an extracted sdist or a checkout")
+    try:
+        check_deepspeed_tree(tree, recipe, f"--tree {tree}")
+    except MlstackError as exc:
+        raise UsageError(exc.message, hint=f"pass a tree of {recipe.name} (an extracted sdist or checkout), "
+                         "or leave out --tree to fetch its sdist") from None
+    return tree
+
+
+def refresh_document(result: RefreshResult, from_name: str, to_name: str) -> dict[str, Any]:
+    return {
+        "from": from_name, "to": to_name, "tree": str(result.tree), "out": str(result.out),
+        "draft_applies": result.draft_applies,
+        "patches": [{"name": v.name, "subject": v.subject, "verdict": v.verdict.value, "how": v.how or None,
+                     "hunks": [asdict(n) for n in v.notes], "conflicts": [asdict(c) for c in v.conflicts]}
+                    for v in result.verdicts],
+        "dropped": [v.name for v in result.dropped],
+        "draft_check": check_document(result.final)["patches"],
+    }
+
+
+def register_refresh(patches: typer.Typer) -> None:
+    @patches.command("refresh")
+    def refresh(
+        to: Annotated[str, typer.Option("--to", metavar="NAME|VERSION", help="The new release's recipe.")],
+        from_: Annotated[str, typer.Option("--from", metavar="NAME|VERSION",
+                                           help="The recipe whose series is moved.")] = DEFAULT_RECIPE,
+        out: Annotated[Path | None, typer.Option(
+            "--out", help="Where the draft series goes (default ./deepspeed-VERSION.patches-draft of --to); "
+            "must not exist or be empty, and never a shipped series directory.")] = None,
+        tree: Annotated[Path | None, typer.Option(
+            "--tree", help="The new release's tree (default: fetch the --to recipe's sdist, cached).")] = None,
+        cache_dir: Annotated[Path | None, typer.Option(
+            "--cache-dir", help="Download cache for the sdist (default $XDG_CACHE_HOME/mlstack-ds).")] = None,
+        json_output: JsonOption = False,
+    ) -> None:
+        """Move the --from series to the --to release: a verdict per patch and a draft series (exit 5
+        unless the whole draft applies)."""
+        output = make_output(json_output)
+        to_recipe, from_recipe = find_recipe(to), find_recipe(from_)
+        series = series_for_recipe(from_recipe)
+        series = replace(series, mirrors=to_recipe.patch_mirrors)  # the copies the new tree ships
+        target = check_out_dir(out if out is not None else Path(f"{to_recipe.name}.patches-draft"),
+                               _shipped_series_dirs())
+        with tempfile.TemporaryDirectory(prefix="mlstack-ds-refresh-") as tmp:
+            if tree is not None:
+                new_tree = _checked_tree(tree, to_recipe)
+            else:
+                output.status(f"fetching {to_recipe.package} {to_recipe.version} (pypi sdist) ...")
+                new_tree = fetch_source(to_recipe, parse_source_spec("pypi"), cache_dir, Path(tmp) / "tree").path
+
+            def progress(verdict: Any) -> None:
+                output.status(f"{verdict.name}: {verdict.verdict.value}"
+                              + "".join(f"\n  {line}" for line in verdict.details()))
+
+            result = refresh_series(series, new_tree, target, progress=progress,
+                                    title=f"Draft series for {to_recipe.name}, refreshed from {from_recipe.name}.")
+        failure = None
+        if not result.draft_applies:
+            names = ", ".join(r.name for r in result.final.results if r.state is not PatchState.APPLIES)
+            failure = PatchError(f"the draft in {result.out} does not apply yet: {names}",
+                                 hint="rebase the patches with a .rej note by hand, then run "
+                                      f"`mlstack-ds patches check --series {result.out}/series --tree ...`")
+        if json_output:
+            output.emit_json(refresh_document(result, from_recipe.name, to_recipe.name), error=failure)
+        else:
+            rows = [(v.name, Text(v.verdict.value, style=_VERDICT_STYLE[v.verdict]), v.details() or [v.subject])
+                    for v in result.verdicts]
+            print_records(output.out, ("patch", "verdict", "details"), rows)
+            output.out.print(f"draft series: {result.out} "
+                             f"({'applies' if result.draft_applies else 'does not apply yet'})")
         if failure is not None:
             raise failure

@@ -16,6 +16,7 @@ from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
 def recipe_document(recipe: Recipe) -> dict[str, Any]:
     return {
         "name": recipe.name,
+        "default": recipe.name == DEFAULT_RECIPE,
         "path": str(recipe.path),
         "package": recipe.package,
         "version": recipe.version,
@@ -40,8 +41,9 @@ def register(app: typer.Typer) -> None:
         if json_output:
             output.emit_json([recipe_document(r) for r in found])
             return
-        print_records(output.out, ("recipe", "version", "git tag", "commit", "min ROCm"),
-                      [(r.name, r.version, r.git.tag, r.git.commit, r.min_rocm) for r in found])
+        print_records(output.out, ("recipe", "version", "default", "git tag", "commit", "min ROCm"),
+                      [(r.name, r.version, "yes" if r.name == DEFAULT_RECIPE else "no", r.git.tag,
+                        r.git.commit or "not pinned (unverified)", r.min_rocm) for r in found])
 
     @recipes.command("show")
     def show(

@@ -45,6 +45,9 @@ def lint_patch_dir(directory: Path) -> list[LintProblem]:
     on_disk = {p.name for p in directory.glob("*.patch")}
     for name in sorted(on_disk - set(names)):
         problems.append(LintProblem(name, "patch file is not listed in the series"))
+    for note in sorted(p.name for p in directory.glob("*.rej")):
+        # left by `patches refresh` (or `git apply --reject`): a conflict nobody has finished yet
+        problems.append(LintProblem(note, "unresolved conflict note; finish the patch and delete it"))
     seen: set[str] = set()
     last_number = -1
     for name in names:

@@ -100,7 +100,7 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
     sha256: str | None = None
     if spec.kind == "git":
         url = spec.git_url or recipe.git.url
-        commit = spec.git_commit or recipe.git.commit
+        commit = spec.git_commit or pinned_commit(recipe)
         from_cache = repo_head(git_cache_entry(cache, url, recipe.git.tag, commit)) == commit
         repo = clone_pinned_tag(cache, url, recipe.git.tag, commit)
         origin = f"{url}@{recipe.git.tag}"
@@ -127,12 +127,22 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
                       from_cache=from_cache)
 
 
+def pinned_commit(recipe: Recipe) -> str:
+    """The recipe's git commit; a recipe whose commit could not be verified when pinned has none, and
+    then only the sdist (or a commit the user vouches for with --git-commit) can be used."""
+    if recipe.git.commit is None:
+        raise UsageError(f"recipe {recipe.name} pins no git commit (it could not be verified when pinned)",
+                         hint="use --source pypi (the sdist is pinned by sha256), or --source git with "
+                              "--git-commit COMMIT you have checked")
+    return recipe.git.commit
+
+
 def source_pin(recipe: Recipe, spec: SourceSpec) -> str:
     """What the build will really use, for the plan and the wheel-cache key: the commit (`git`, a git
     checkout; `--git-commit` when given), the sha256 of the archive (PyPI's pinned sdist, or `--sha256`
     for a URL or a local archive), or `tree:<digest>` of a plain local directory (edits change it)."""
     if spec.kind == "git":
-        return spec.git_commit or recipe.git.commit
+        return spec.git_commit or pinned_commit(recipe)
     if spec.kind == "pypi":
         return recipe.sdist.sha256
     if spec.kind == "url":
@@ -142,7 +152,7 @@ def source_pin(recipe: Recipe, spec: SourceSpec) -> str:
     if path.is_file():
         return spec.sha256 or recipe.sdist.sha256
     if is_git_worktree(path):
-        return recipe.git.commit
+        return pinned_commit(recipe)
     return "tree:" + tree_digest(path)
 
 
@@ -173,7 +183,7 @@ def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, dest: Path) -> 
         _materialize(repo, commit, dest)
         return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=sha256)
     if is_git_worktree(path):
-        commit = recipe.git.commit
+        commit = pinned_commit(recipe)
         if not has_commit(path, commit):
             raise FetchError(f"{path} is a git checkout without the pinned commit {commit}",
                              hint=f"run `git fetch origin tag {recipe.git.tag}` there, "

@@ -93,7 +93,7 @@ def test_an_unknown_recipe_is_one_usage_error_everywhere(tmp_path: Path) -> None
         result = cli(*command, "--deepspeed-version", "0.0.1")
         assert result.returncode == 2, (command, result.stderr)
         assert result.stderr.splitlines() == ["error: no recipe named '0.0.1'",
-                                              "hint: available recipes: deepspeed-0.19.5"], command
+                                              "hint: available recipes: deepspeed-0.19.5, deepspeed-0.19.8"], command
 
 
 def test_recipes_show_refuses_two_different_recipes() -> None:

@@ -113,6 +113,12 @@ def test_recipes_commands() -> None:
     assert listed.returncode == 0, listed.stderr
     (recipe,) = [r for r in json.loads(listed.stdout) if r["name"] == "deepspeed-0.19.5"]
     assert recipe["git"]["commit"] == "cf44300453eb0af79ed84ed8f1cb49d57478bd76"
+    defaults = {r["name"]: r["default"] for r in json.loads(listed.stdout)}
+    assert defaults == {"deepspeed-0.19.5": True, "deepspeed-0.19.8": False}
+    plain = flat(run_cli("recipes", "list").stdout)
+    assert "recipe: deepspeed-0.19.5; version: 0.19.5; default: yes" in plain
+    assert "recipe: deepspeed-0.19.8; version: 0.19.8; default: no" in plain
+    assert "commit: not pinned (unverified)" in plain
     shown = run_cli("recipes", "show", "deepspeed-0.19.5")
     assert "sdist.sha256: 8dc5d32604a3c7a713b3d14de482533bd328ffebe716cdafcc3511953fc90cdf" in flat(shown.stdout)
     unknown = run_cli("recipes", "show", "deepspeed-0.0.1")

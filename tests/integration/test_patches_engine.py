@@ -234,9 +234,14 @@ def shipped_series() -> list[Path]:
 
 
 @pytest.mark.parametrize("series_file", shipped_series(), ids=lambda p: p.parent.name)
-def test_shipped_series_applies_to_the_pinned_tree(series_file: Path, pristine_tree_template: Path,
+def test_shipped_series_applies_to_the_pinned_tree(series_file: Path, request: pytest.FixtureRequest,
                                                    tmp_path: Path) -> None:
-    loaded = load_series(series_file, mirrors=find_recipe(series_file.parent.name).patch_mirrors)
+    recipe = find_recipe(series_file.parent.name)
+    # each series on its own release's sdist tree (tests/conftest.py makes both)
+    pristine_tree_template = request.getfixturevalue(
+        "pristine_tree_template" if recipe.name == find_recipe().name else "next_pristine_tree")
+    assert (pristine_tree_template / "version.txt").read_text().strip() == recipe.version
+    loaded = load_series(series_file, mirrors=recipe.patch_mirrors)
     check = check_series(pristine_tree_template, loaded)
     expected = [(p.name, PatchState.APPLIES) for p in loaded.patches]
     assert [(r.name, r.state) for r in check.results] == expected

@@ -167,3 +167,11 @@ def test_parsing_junk_raises_only_patch_errors(text: str) -> None:
         else:
             assert all(unsafe_path_problem(f) is None for f in patch.files)
         assert all(isinstance(p, LintProblem) for p in lint_patch(path))
+
+
+def test_lint_reports_a_conflict_note_left_by_refresh(tmp_path: Path) -> None:
+    directory = make_dir(tmp_path, {"0001-a.patch": patch_text()}, series=["0001-a.patch"])
+    assert lint_patch_dir(directory) == []
+    (directory / "0001-a.patch.rej").write_text("# 0001-a.patch does not apply to the new tree\n")
+    assert [str(p) for p in lint_patch_dir(directory)] == [
+        "0001-a.patch.rej: unresolved conflict note; finish the patch and delete it"]

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.errors import ExitCode
-from mlstack_ds.recipe import RecipeError, find_recipe, list_recipes, load_recipe, recipes_dir
+from mlstack_ds.buildspec import parse_platform
+from mlstack_ds.errors import ExitCode, UsageError
+from mlstack_ds.recipe import DEFAULT_RECIPE, RecipeError, find_recipe, list_recipes, load_recipe, recipes_dir
+from mlstack_ds.source import parse_source_spec
+from mlstack_ds.source.fetch import source_pin
 
 SHIPPED = recipes_dir() / "deepspeed-0.19.5.toml"
 
@@ -93,3 +96,25 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
         find_recipe("deepspeed-9.9.9")
     assert "deepspeed-0.19.5" in info.value.hint
 
+
+
+def test_second_pin_values_and_it_is_not_the_default() -> None:
+    recipe = find_recipe("0.19.8")  # by version, as --deepspeed-version takes it
+    assert recipe.name == "deepspeed-0.19.8" and DEFAULT_RECIPE == "deepspeed-0.19.5"
+    assert recipe.sdist.sha256 == "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
+    assert recipe.git.tag == "v0.19.8" and recipe.git.commit is None  # not verifiable when pinned
+    assert recipe.series_path.parts[-2:] == ("deepspeed-0.19.8", "series")
+    cpu = {op.name: op.build for op in parse_platform("cpu", recipe.platforms["cpu"], str(recipe.path)).ops}
+    assert cpu["cpu_adagrad"] and cpu["cpu_lion"]  # 0.19.8's CPU accelerator has builders for them
+    assert all("sparse_attn" not in table["ops"] for table in recipe.platforms.values())  # gone in 0.19.7
+
+
+def test_a_recipe_without_a_commit_fetches_from_git_only_with_git_commit(tmp_path: Path) -> None:
+    text = _shipped_text().replace('commit = "cf44300453eb0af79ed84ed8f1cb49d57478bd76"\n', "")
+    recipe = load_recipe(_write(tmp_path, text))
+    assert recipe.git.commit is None
+    with pytest.raises(UsageError) as refused:
+        source_pin(recipe, parse_source_spec("git"))
+    assert "pins no git commit" in refused.value.message and "--source pypi" in refused.value.hint
+    assert source_pin(recipe, parse_source_spec("git", git_commit="a" * 40)) == "a" * 40
+    assert source_pin(recipe, parse_source_spec("pypi")) == recipe.sdist.sha256
