@@ -138,12 +138,12 @@ def _resolution_problem(node: NodeFacts) -> str | None:
     resolved = [ipaddress.ip_address(r) for r in node.resolved]
     if not resolved:
         return f"{node.host}: its hostname {node.hostname} resolves to no address there"
+    if all(r.is_loopback for r in resolved):  # bindable (lo holds 127/8), but the other nodes cannot reach it
+        return (f"{node.host}: its hostname {node.hostname} resolves only to loopback "
+                f"{', '.join(map(str, resolved))}")
     if own and not any(r in own for r in resolved):
         return (f"{node.host}: its hostname {node.hostname} resolves to {', '.join(map(str, resolved))}, "
                 "not an address of that node")
-    if all(r.is_loopback for r in resolved):
-        return (f"{node.host}: its hostname {node.hostname} resolves only to loopback "
-                f"{', '.join(map(str, resolved))}")
     return None
 
 
