@@ -17,8 +17,7 @@ from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
 from mlstack_ds.multinode.hostfile import HostEntry
 from mlstack_ds.multinode.nodeprobe import IFNAME_VARIABLES, NodeFacts, probe_node
-
-PARALLEL_NODES = 16  # ssh sessions at once: enough for 100 nodes in a few probe times, few for sshd's MaxStartups
+from mlstack_ds.multinode.remote import MAX_PARALLEL_NODES
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, to
         return probe_node(host, python, tool, env=env)
 
     nodes: list[NodeFacts] = []
-    with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_NODES, len(names)))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL_NODES, len(names)))) as pool:
         try:
             for node in pool.map(probe, names):
                 status(node_status(node, python))

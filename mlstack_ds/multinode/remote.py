@@ -21,6 +21,9 @@ from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolMissing, ToolTi
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 DEFAULT_TIMEOUT_S = 60.0
+# ssh sessions at once when every node is asked the same (sshd's default MaxStartups 10:30:100 limits
+# unauthenticated connections per target node, not the fan-out; the head's key exchanges are the limit)
+MAX_PARALLEL_NODES = 32
 SSH_FAILED = 255  # ssh's own exit code for "could not run the command there" (the command's otherwise)
 REACH_HINT = ("DeepSpeed's launcher needs passwordless ssh from this host to every node: "
               "`ssh -o BatchMode=yes {host} hostname` must print the node's name")
