@@ -4,6 +4,7 @@ each node alone is fine. Each check is a pure function of `ClusterInput` (gather
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Sequence
 
 from mlstack_ds import gfx
@@ -189,10 +190,11 @@ def many_interfaces_unset(inp: ClusterInput) -> Hit | None:
 
 HOSTNAME_SYMPTOM = (
     "torch's gloo binds to the address the node's own hostname resolves to; when that is no address of the "
-    "node (or there is none) it falls back to loopback, and when it is loopback (Debian's `127.0.1.1 host` "
-    "line) it uses that: the other nodes are told to connect to 127.0.0.x and the rendezvous fails with "
-    "`RuntimeError: Gloo connectFullMesh failed with [.../gloo/transport/tcp/pair.cc:152] timed out "
-    "connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:7574`.")
+    "node (or there is none) it warns `Unable to resolve hostname to a (local) address. Using the loopback "
+    "address as fallback.` and, when it is loopback (Debian's `127.0.1.1 host` line), uses that: the other "
+    "nodes are told to connect to 127.0.0.x and the rendezvous fails with `RuntimeError: Gloo connectFullMesh "
+    "failed with [.../gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, "
+    "remote=[127.0.0.1]:7574` (the rank that listens: `... Connect timeout [none]`).")
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -282,9 +284,12 @@ RULES: tuple[Rule, ...] = (
         fix=("export GLOO_SOCKET_IFNAME=<interface on the nodes' network>" + ENV_FILE_NOTE,
              "or on that node: echo '<its address> <its hostname>' >> /etc/hosts"),
         source="measured here: verify --hostfile on two network-namespace nodes that kept this machine's hostname "
-        "(tests/two_hosts.py own_hostnames=False); torch ProcessGroupGloo createDefaultDevice (hostname, "
-        "else loopback)",
+        "(tests/two_hosts.py own_hostnames=False), and a bare two-rank gloo all_reduce there "
+        "(tests/fixtures/doctor-logs/SOURCES.md), which GLOO_SOCKET_IFNAME=<the shared interface> fixes; "
+        "torch ProcessGroupGloo createDefaultDevice (hostname, else loopback)",
         cluster_check=hostname_not_own,
+        log_patterns=(re.compile(r"Unable to resolve hostname to a \(local\) address"),
+                      re.compile(r"Gloo connectFullMesh failed with .*remote=\[127\.")),
     ),
     Rule(
         id="MLS-NET-005",
