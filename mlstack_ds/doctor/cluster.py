@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,8 @@ def node_status(node: NodeFacts, python: Path) -> str:
 def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, tool: Path | None = None,
                      env: Mapping[str, str] | None = None,
                      status: Callable[[str], None] = lambda _m: None) -> ClusterDiagnosis:
-    """Probe every host with slots (hostfile order; a status line each as it is known), then the rules."""
+    """Probe every host with slots (a status line each as it answers; the facts in hostfile order), then
+    the rules."""
     environ = dict(os.environ if env is None else env)
     tool = tool or Path(sys.executable)
     names = [h.host for h in hosts if h.slots > 0]
@@ -77,15 +78,18 @@ def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, to
     def probe(host: str) -> NodeFacts:
         return probe_node(host, python, tool, env=env)
 
-    nodes: list[NodeFacts] = []
+    done: dict[str, NodeFacts] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL_NODES, len(names)))) as pool:
+        futures = [pool.submit(probe, name) for name in names]
         try:
-            for node in pool.map(probe, names):
+            for future in as_completed(futures):  # a status line as each node answers, slow ones last
+                node = future.result()
                 status(node_status(node, python))
-                nodes.append(node)
+                done[node.host] = node
         except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)  # nodes not asked yet are not asked
             raise
+    nodes = [done[name] for name in names]
     pdsh = runner.which("pdsh", path=environ.get("PATH"))
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=str(pdsh) if pdsh else None,
                        head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)})
