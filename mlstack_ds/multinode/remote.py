@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,13 @@ def run_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT
     except ToolMissing as exc:
         raise EnvironmentProblem("ssh is not installed on this host",
                                  hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc
+
+
+def start_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT_TIMEOUT_S,
+             env: Mapping[str, str] | None = None) -> AbstractContextManager[runner.Background]:
+    """`command` on `host` in the background, for a caller that wants what it printed before a time-out
+    (`Background.partial_stdout`): a remote probe that prints in stages keeps the stages it finished."""
+    return runner.run_in_background(ssh_argv(host, command), timeout=timeout, env=env)
 
 
 def unreachable(result: runner.RunResult, host: str) -> NodeUnreachable | None:
