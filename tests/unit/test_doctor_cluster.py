@@ -103,6 +103,12 @@ def test_cluster_rule_fires_with_evidence_and_fix(rule_id: str) -> None:
     assert finding.docs == f"docs/troubleshooting.md#{rule_id.lower()}"
 
 
+def test_many_unreachable_nodes_are_counted() -> None:
+    gone = [NodeFacts(f"n{i}", unreachable="Connection timed out") for i in range(10)]
+    evidence = findings(cluster(node("a", 1), *gone))["MLS-MN-001"].evidence
+    assert evidence.endswith("n2: Connection timed out; and 7 more nodes (each on its status line, and in --json)")
+
+
 def test_unreachable_node_names_it_and_ssh_reason() -> None:
     finding = findings(TRIGGERS["MLS-MN-001"]())["MLS-MN-001"]
     assert finding.severity == "error"
@@ -157,7 +163,8 @@ def test_same_archs_everywhere_and_cpu_nodes_are_silent() -> None:
 @pytest.mark.parametrize(("resolved", "says"), [
     ((), "resolves to no address there"),
     (("192.168.1.7",), "resolves to 192.168.1.7, not an address of that node"),
-    (("127.0.1.1",), "resolves only to loopback 127.0.1.1"),  # Debian's /etc/hosts line for the hostname
+    (("127.0.1.1",), "resolves first to loopback 127.0.1.1"),  # Debian's /etc/hosts line for the hostname
+    (("127.0.1.1", "10.0.0.2"), "resolves first to loopback 127.0.1.1"),  # gloo takes the first it can bind
 ])
 def test_hostname_resolution_problems(resolved: tuple[str, ...], says: str) -> None:
     inp = cluster(node("n1", 1), node("n2", 2, hostname="vm", resolved=resolved))
@@ -165,11 +172,12 @@ def test_hostname_resolution_problems(resolved: tuple[str, ...], says: str) -> N
     assert finding.evidence.startswith("n2: its hostname vm ")
     assert says in finding.evidence
     assert finding.fix[0].startswith("export GLOO_SOCKET_IFNAME=eth0 ")
-    assert finding.fix[1] == "or on n2: echo '10.0.0.2 vm' >> /etc/hosts"
+    assert finding.fix[1] == ("or on n2: replace the /etc/hosts line `127.0.1.1 vm` by `10.0.0.2 vm`"
+                              if resolved[:1] == ("127.0.1.1",) else "or on n2: echo '10.0.0.2 vm' >> /etc/hosts")
 
 
-def test_hostname_resolving_to_one_own_address_among_others_is_fine() -> None:
-    both = node("n2", 2, resolved=("127.0.1.1", "10.0.0.2"))
+def test_hostname_resolving_first_to_an_own_address_is_fine() -> None:
+    both = node("n2", 2, resolved=("10.0.0.2", "127.0.1.1"))
     assert "MLS-NET-004" not in findings(cluster(node("n1", 1), both))
 
 

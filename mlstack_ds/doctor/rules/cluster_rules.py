@@ -35,7 +35,9 @@ def unreachable_nodes(inp: ClusterInput) -> Hit | None:
     gone = [n for n in inp.nodes if n.unreachable is not None]
     if not gone:
         return None
-    return Hit("; ".join(f"{n.host}: {n.unreachable}" for n in gone),
+    more = len(gone) - NAMED_NODES
+    return Hit("; ".join(f"{n.host}: {n.unreachable}" for n in gone[:NAMED_NODES])
+               + (f"; and {more} more nodes (each on its status line, and in --json)" if more > 0 else ""),
                fix=tuple(REACH_HINT.format(host=n.host) for n in gone[:NAMED_NODES]))
 
 
@@ -132,19 +134,30 @@ def archs_differ(inp: ClusterInput) -> Hit | None:
                     "check the installed torch wheel covers all of them (doctor on each node: MLS-ARCH-001)"))
 
 
+def _gloo_address(node: NodeFacts) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address gloo would take from the node's hostname: the first one it resolves to that can be bound
+    there (an address of the node, or any loopback address); None: gloo falls back to loopback."""
+    own = {ipaddress.ip_interface(a.address).ip for a in node.addresses}
+    for text in node.resolved:
+        address = ipaddress.ip_address(text)
+        if address.is_loopback or address in own:
+            return address
+    return None
+
+
 def _resolution_problem(node: NodeFacts) -> str | None:
     if node.hostname is None:
         return None
-    own = {ipaddress.ip_interface(a.address).ip for a in node.addresses}
-    resolved = [ipaddress.ip_address(r) for r in node.resolved]
-    if not resolved:
-        return f"{node.host}: its hostname {node.hostname} resolves to no address there"
-    if all(r.is_loopback for r in resolved):  # bindable (lo holds 127/8), but the other nodes cannot reach it
-        return (f"{node.host}: its hostname {node.hostname} resolves only to loopback "
-                f"{', '.join(map(str, resolved))}")
-    if own and not any(r in own for r in resolved):
-        return (f"{node.host}: its hostname {node.hostname} resolves to {', '.join(map(str, resolved))}, "
-                "not an address of that node")
+    prefix = f"{node.host}: its hostname {node.hostname}"
+    if not node.resolved:
+        return f"{prefix} resolves to no address there"
+    if not node.addresses:  # no `ip` there: which addresses are the node's own is unknown
+        return None
+    chosen = _gloo_address(node)
+    if chosen is None:
+        return f"{prefix} resolves to {', '.join(node.resolved)}, not an address of that node"
+    if chosen.is_loopback:
+        return f"{prefix} resolves first to loopback {chosen}"
     return None
 
 
@@ -169,8 +182,12 @@ def hostname_not_own(inp: ClusterInput) -> Hit | None:
     fix = [f"export GLOO_SOCKET_IFNAME={iface}{note or ENV_FILE_NOTE}"]
     for node, _why in bad[:NAMED_NODES]:
         nets = global_networks(node).get(iface) or next(iter(global_networks(node).values()), [])
-        if nets and node.hostname:
-            fix.append(f"or on {node.host}: echo '{nets[0].ip} {node.hostname}' >> /etc/hosts")
+        if not nets or not node.hostname:
+            continue
+        line = f"{nets[0].ip} {node.hostname}"
+        chosen = _gloo_address(node)
+        fix.append(f"or on {node.host}: replace the /etc/hosts line `{chosen} {node.hostname}` by `{line}`"
+                   if chosen is not None else f"or on {node.host}: echo '{line}' >> /etc/hosts")
     return Hit("; ".join(why for _n, why in bad[:NAMED_NODES])
                + (f"; and {len(bad) - NAMED_NODES} more nodes" if len(bad) > NAMED_NODES else ""), fix=tuple(fix))
 
@@ -191,7 +208,8 @@ def many_interfaces_unset(inp: ClusterInput) -> Hit | None:
 HOSTNAME_SYMPTOM = (
     "torch's gloo binds to the address the node's own hostname resolves to; when that is no address of the "
     "node (or there is none) it warns `Unable to resolve hostname to a (local) address. Using the loopback "
-    "address as fallback.` and, when it is loopback (Debian's `127.0.1.1 host` line), uses that: the other "
+    "address as fallback.` and, when the first address is loopback (Debian's `127.0.1.1 host` line), uses "
+    "that: the other "
     "nodes are told to connect to 127.0.0.x and the rendezvous fails with `RuntimeError: Gloo connectFullMesh "
     "failed with [.../gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, "
     "remote=[127.0.0.1]:7574` (the rank that listens: `... Connect timeout [none]`).")
