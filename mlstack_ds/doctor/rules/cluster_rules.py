@@ -303,7 +303,8 @@ RULES: tuple[Rule, ...] = (
              "or on that node: echo '<its address> <its hostname>' >> /etc/hosts"),
         source="measured here: verify --hostfile on two network-namespace nodes that kept this machine's hostname "
         "(tests/two_hosts.py own_hostnames=False), and a bare two-rank gloo all_reduce there "
-        "(tests/fixtures/doctor-logs/SOURCES.md), which GLOO_SOCKET_IFNAME=<the shared interface> fixes; "
+        "(tests/fixtures/doctor-logs/SOURCES.md), which GLOO_SOCKET_IFNAME=<the shared interface> fixes; the "
+        "same all_reduce with `127.0.1.1 <hostname>` first in the hosts file fails towards 127.0.1.1; "
         "torch ProcessGroupGloo createDefaultDevice (hostname, else loopback)",
         cluster_check=hostname_not_own,
         log_patterns=(re.compile(r"Unable to resolve hostname to a \(local\) address"),
