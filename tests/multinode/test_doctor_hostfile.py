@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from two_hosts import NODE_NAMES, SUBNET, TwoHosts, head_cli, missing, two_hosts
+from two_hosts import NETNS_ETC, NODE_NAMES, SUBNET, TwoHosts, head_cli, missing, two_hosts
 
 EXIT_ENVIRONMENT = 3
 DEAD_HOST = "mls-node-c"  # in the ssh configuration, at node b's address, on a port where nothing listens
@@ -127,6 +127,23 @@ def test_hostname_that_does_not_resolve_and_a_second_interface(tmp_path: Path) -
     assert all("sum 2.0" in out for out in outputs)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "No problems found." in fixed.stdout
+
+
+def test_hostname_listed_first_as_127_0_1_1(tmp_path: Path) -> None:
+    """Debian's `127.0.1.1 <hostname>` line before the node's address: gloo binds 127.0.1.1 (measured:
+    tests/fixtures/doctor-logs/gloo-loopback-127.0.1.1_captured-two-hosts-etc-hosts-line.txt)."""
+    if missing():
+        pytest.skip(missing())
+    with two_hosts(tmp_path / "hosts") as hosts:
+        node_b = hosts.hosts[1]
+        etc_hosts = NETNS_ETC / node_b.netns / "hosts"  # node b's /etc/hosts (bound over it in its namespace)
+        etc_hosts.write_text(f"127.0.1.1 {node_b.name}\n" + etc_hosts.read_text())
+        result = doctor(hosts, hosts.hostfile(1, tmp_path), Path(sys.executable), "--json")
+    assert result.returncode == EXIT_ENVIRONMENT, result.stdout + result.stderr
+    finding = by_id(json.loads(result.stdout))["MLS-NET-004"]
+    assert finding["evidence"] == "mls-node-b: its hostname mls-node-b resolves first to loopback 127.0.1.1"
+    assert finding["fix"][1] == (f"or on mls-node-b: replace the /etc/hosts line `127.0.1.1 mls-node-b` by "
+                                 f"`{SUBNET}.2 mls-node-b`")
 
 
 def test_python_missing_on_one_node(tmp_path: Path) -> None:
