@@ -1,7 +1,7 @@
 """What `doctor --hostfile` needs to know about one node, asked in one ssh round trip.
 
 Why one round trip: a cluster has hundreds of nodes and each ssh connection costs a handshake, so one
-`sh -c <script>` per node gets everything at once: the node's hostname and what it resolves
+`sh -s` per node gets everything at once from a script on stdin: the node's hostname and what it resolves
 to there (`getent ahosts`, the lookup glibc's getaddrinfo does, which is how gloo picks its address), its
 interface addresses (`ip -o addr`), the interface variables its shell sets, its ROCm version file, whether
 mlstack-ds's interpreter and the target interpreter exist at this host's paths, and then the target
@@ -129,7 +129,7 @@ class NodeFacts:
 
 
 def node_script(python: Path, tool: Path) -> str:
-    """The `sh -c` script for one node: each part after its own section line, the probe last."""
+    """The `sh -s` script for one node: each part after its own section line, the probe last."""
     py, tool_q = shlex.quote(str(python)), shlex.quote(str(tool))
     variables = "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in IFNAME_VARIABLES)
     return (
@@ -169,11 +169,13 @@ def parse_node_output(host: str, stdout: str, python: Path, *, interrupted: str 
 
 def probe_node(host: str, python: Path, tool: Path, *, env: Mapping[str, str] | None = None,
                timeout: float = NODE_TIMEOUT_S) -> NodeFacts:
-    """Ask `host` everything in one ssh call. The script is the remote command (not stdin), so that the
-    call runs in the background and a torch import that hangs there still leaves everything printed before
-    it (the node's name, network, the probe's first line). An unreachable node is a fact too."""
+    """Ask `host` everything in one ssh call: `sh -s` with the script on stdin (the remote command stays
+    `sh -s`, which every login shell, csh too, passes on unchanged; a multi-line `sh -c` would not). The
+    call runs in the background, so that a torch import that hangs there still leaves everything printed
+    before it (the node's name, network, the probe's first line). An unreachable node is a fact too."""
     try:
-        with remote.start_on(host, ["sh", "-c", node_script(python, tool)], timeout=timeout, env=env) as pending:
+        with remote.start_on(host, ["sh", "-s"], input_text=node_script(python, tool), timeout=timeout,
+                             env=env) as pending:
             try:
                 result = pending.result()
             except ToolTimedOut:

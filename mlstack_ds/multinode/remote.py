@@ -57,10 +57,11 @@ def run_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT
 
 
 def start_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT_TIMEOUT_S,
-             env: Mapping[str, str] | None = None) -> AbstractContextManager[runner.Background]:
+             env: Mapping[str, str] | None = None, input_text: str | None = None
+             ) -> AbstractContextManager[runner.Background]:
     """`command` on `host` in the background, for a caller that wants what it printed before a time-out
     (`Background.partial_stdout`): a remote probe that prints in stages keeps the stages it finished."""
-    return runner.run_in_background(ssh_argv(host, command), timeout=timeout, env=env)
+    return runner.run_in_background(ssh_argv(host, command), timeout=timeout, env=env, input_text=input_text)
 
 
 def unreachable(result: runner.RunResult, host: str) -> NodeUnreachable | None:

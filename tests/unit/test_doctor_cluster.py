@@ -1,4 +1,4 @@
-"""`doctor --hostfile`'s pure parts: the node script (run here by a real `sh -c`, as ssh runs it there),
+"""`doctor --hostfile`'s pure parts: the node script (run here by a real `sh -s`, as ssh runs it there),
 its parsers, and every cross-node rule on node facts built for the case."""
 
 from __future__ import annotations
@@ -221,11 +221,16 @@ def test_parsers() -> None:
         ("mls0", "fe80::f86a:1fff:fee8:dae2/64", "link"), ("docker0", "172.17.0.1/16", "global")]
 
 
+def run_script(python: Path, tool: Path) -> subprocess.CompletedProcess[str]:
+    """The node script as ssh runs it there: `sh -s`, the script on stdin."""
+    return subprocess.run(["sh", "-s"], input=node_script(python, tool), capture_output=True, text=True,
+                          timeout=120, check=True)
+
+
 def test_node_script_runs_in_sh_and_parses(tmp_path: Path) -> None:
-    """The script ssh would run, run here by `sh -c` with this interpreter as the target (no ssh)."""
+    """The script ssh would run, run here by `sh -s` with this interpreter as the target (no ssh)."""
     python = Path(sys.executable)
-    script = node_script(python, python)
-    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    result = run_script(python, python)
     facts = parse_node_output("here", result.stdout, python)
     assert facts.hostname and facts.tool_present and facts.python_present
     assert facts.target is not None and facts.target.answered
@@ -236,8 +241,7 @@ def test_node_script_runs_in_sh_and_parses(tmp_path: Path) -> None:
 
 def test_node_script_without_the_python(tmp_path: Path) -> None:
     missing = tmp_path / "no-venv" / "bin" / "python"
-    result = subprocess.run(["sh", "-c", node_script(missing, missing)], capture_output=True, text=True,
-                            timeout=60, check=True)
+    result = run_script(missing, missing)
     facts = parse_node_output("here", result.stdout, missing)
     assert facts.python_present is False and facts.tool_present is False and facts.target is None
 
@@ -249,8 +253,7 @@ def test_node_script_reads_the_receipt(tmp_path: Path) -> None:
     receipt.parent.mkdir(parents=True)
     receipt.write_text("{not json")
     python = venv / "bin" / "python"
-    result = subprocess.run(["sh", "-c", node_script(python, python)], capture_output=True, text=True,
-                            timeout=120, check=True)
+    result = run_script(python, python)
     facts = parse_node_output("here", result.stdout, python)
     assert facts.receipt is not None and facts.receipt.problem
     assert facts.receipt.text().startswith("unreadable (")
@@ -259,8 +262,7 @@ def test_node_script_reads_the_receipt(tmp_path: Path) -> None:
 def test_a_probe_cut_off_by_the_time_out_keeps_what_came_before(tmp_path: Path) -> None:
     """What a node whose torch import hangs leaves: the real script's output up to the probe's first line."""
     python = Path(sys.executable)
-    full = subprocess.run(["sh", "-c", node_script(python, python)], capture_output=True, text=True, timeout=120,
-                          check=True).stdout
+    full = run_script(python, python).stdout
     cut = full[:full.index("MLSTACK_TARGET_TORCH:")]
     facts = parse_node_output("n2", cut, python, interrupted="no answer within 150 s")
     assert facts.hostname and facts.addresses and facts.target is not None and facts.target.answered
