@@ -88,18 +88,24 @@ class Background:
     """A subprocess started now and collected later: one thread asks the slow probe (an interpreter
     importing torch) and, meanwhile, runs the quick tools, and Ctrl-C still stops both at once."""
 
-    def __init__(self, args: tuple[str, ...], timeout: float, env: Mapping[str, str] | None) -> None:
+    def __init__(self, args: tuple[str, ...], timeout: float, env: Mapping[str, str] | None,
+                 input_text: str | None = None) -> None:
         self.args = args
         self.timeout = timeout
         self.started = time.monotonic()
         # Files, not pipes: nobody reads the output until result(), and a full pipe would stall the child.
         self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 close()
         self._err = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 close()
+        self._in = None  # `input_text`, from a file too: nobody writes to a pipe while the caller waits
+        if input_text is not None:
+            self._in = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115 close()
+            self._in.write(input_text)
+            self._in.seek(0)
         self._proc: subprocess.Popen[str] | None = None
         self._start_error: ToolError | None = None
         try:
-            self._proc = _start(args, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err, env=env,
-                                cwd=None)
+            self._proc = _start(args, stdin=self._in if self._in is not None else subprocess.DEVNULL,
+                                stdout=self._out, stderr=self._err, env=env, cwd=None)
         except ToolError as exc:
             self._start_error = exc
 
@@ -133,6 +139,8 @@ class Background:
             _kill_group(self._proc)
         self._out.close()
         self._err.close()
+        if self._in is not None:
+            self._in.close()
 
 
 @contextlib.contextmanager
@@ -141,9 +149,10 @@ def run_in_background(
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
+    input_text: str | None = None,
 ) -> Iterator[Background]:
     """Start `argv` for the duration of the block; whatever is left running at its end is killed."""
-    handle = Background(tuple(os.fspath(a) for a in argv), timeout, env)
+    handle = Background(tuple(os.fspath(a) for a in argv), timeout, env, input_text)
     try:
         yield handle
     finally:

@@ -11,13 +11,16 @@ from rich.text import Text
 
 from mlstack_ds.cli.options import JsonOption, PythonOption, RecipeOption
 from mlstack_ds.console import Output, make_output, print_records
-from mlstack_ds.doctor import Diagnosis, diagnose
+from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.doctor import diagnose
+from mlstack_ds.doctor.cluster import diagnose_cluster
 from mlstack_ds.doctor.dsconfig import read_nvme_offload
 from mlstack_ds.doctor.logs import match_log_stream
 from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.report import render_markdown
 from mlstack_ds.doctor.rules import RULES
 from mlstack_ds.errors import EnvironmentProblem, ExitCode, UsageError
+from mlstack_ds.multinode.hostfile import hostfile_world_size, parse_hostfile
 from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -31,6 +34,12 @@ DsConfigOption = Annotated[
                  "NVMe offload."),
 ]
 ReportOption = Annotated[bool, typer.Option("--report", help="Print a Markdown block for a bug report.")]
+HostfileOption = Annotated[
+    Path | None,
+    typer.Option("--hostfile", help="Check every node of this DeepSpeed hostfile over ssh (reachable, the "
+                 "--python interpreter, torch/DeepSpeed/ROCm versions, GPU targets, hostname and interfaces) "
+                 "and what differs between them."),
+]
 SysRootOption = Annotated[
     Path, typer.Option("--sys-root", hidden=True, help="Read /dev, /proc, /sys below this directory.")
 ]
@@ -51,19 +60,19 @@ def _match_log(path: Path) -> list[Finding]:
                                  hint="free some memory, or pass the part of the log around the error") from exc
 
 
-def _render_table(diagnosis: Diagnosis, output: Output) -> None:
+def _render_table(findings: list[Finding], output: Output) -> None:
     """One record per finding; `print_records` keeps every fix command whole on its line."""
-    if not diagnosis.findings:
+    if not findings:
         output.out.print("[green]No problems found.[/]")
         return
     rows = [
         (f.rule_id, Text(f.severity, style=_STYLE[f.severity]), ("(from log) " if f.origin == "log" else "") + f.title,
          f.evidence, f.docs, list(f.fix))
-        for f in diagnosis.findings
+        for f in findings
     ]
     print_records(output.out, ("rule", "severity", "problem", "evidence", "docs", "fix"), rows,
                   title="mlstack-ds doctor")
-    counts = {s: sum(f.severity == s for f in diagnosis.findings) for s in _STYLE}
+    counts = {s: sum(f.severity == s for f in findings) for s in _STYLE}
     output.status(", ".join(f"{n} {s}(s)" for s, n in counts.items()))
 
 
@@ -78,10 +87,15 @@ def register(app: typer.Typer) -> None:
         ds_config: DsConfigOption = None,
         sys_root: SysRootOption = Path("/"),
         recipe: RecipeOption = DEFAULT_RECIPE,
+        hostfile: HostfileOption = None,
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
+        if hostfile is not None:
+            _doctor_hostfile(hostfile, python, json_output, {"--log": log, "--ds-config": ds_config,
+                                                              "--report": report or None})
+            return
         min_rocm = find_recipe(recipe).min_rocm  # a bad --recipe is refused before anything is probed
         log_findings = _match_log(log) if log is not None else []
         nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
@@ -93,6 +107,24 @@ def register(app: typer.Typer) -> None:
         elif report:
             output.out.print(render_markdown(diagnosis), markup=False, highlight=False, soft_wrap=True)
         else:
-            _render_table(diagnosis, output)
+            _render_table(diagnosis.findings, output)
         if diagnosis.has_errors:
             raise typer.Exit(int(ExitCode.ENVIRONMENT))
+
+
+def _doctor_hostfile(hostfile: Path, python: Path | None, json_output: bool, others: dict[str, object]) -> None:
+    """`doctor --hostfile`: the nodes, not this machine; the options about this machine do not apply."""
+    clash = [name for name, value in others.items() if value is not None]
+    if clash:
+        raise UsageError(f"--hostfile checks the nodes over ssh; {', '.join(clash)} is about this machine",
+                         hint="run doctor without --hostfile for this machine (or on a node, for that node)")
+    hosts = parse_hostfile(hostfile)
+    hostfile_world_size(hostfile, hosts)
+    output = make_output(json_output)
+    diagnosis = diagnose_cluster(hostfile, hosts, python or resolve_python(None), status=output.status)
+    if json_output:
+        output.emit_json(diagnosis.to_dict())
+    else:
+        _render_table(diagnosis.findings, output)
+    if diagnosis.has_errors:
+        raise typer.Exit(int(ExitCode.ENVIRONMENT))

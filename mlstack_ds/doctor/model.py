@@ -17,7 +17,7 @@ from mlstack_ds.doctor.facts import SystemFacts
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
-RULE_ID_RE = re.compile(r"^MLS-(TORCH|DEV|GPU|ARCH|ENV|ROCM|BUILD|DS|SYS|NET|LOG)-\d{3}$")
+RULE_ID_RE = re.compile(r"^MLS-(TORCH|DEV|GPU|ARCH|ENV|ROCM|BUILD|DS|SYS|NET|MN|LOG)-\d{3}$")
 DOCS_PAGE = "docs/troubleshooting.md"
 
 # The oldest ROCm the DeepSpeed 0.19.5 recipe supports. The recipe file
@@ -74,6 +74,9 @@ class Finding:
 
 
 Check = Callable[[DoctorInput], "Hit | None"]
+# A check across the nodes of a hostfile (`doctor --hostfile`); its input is `doctor.cluster.ClusterInput`,
+# typed loosely here so that this module does not depend on the multi-node code.
+ClusterCheck = Callable[[Any], "Hit | None"]
 LogFix = Callable[[str], tuple[str, ...]]  # the first matching log line -> fix steps naming what it names
 
 
@@ -92,6 +95,7 @@ class Rule:
     log_patterns: tuple[re.Pattern[str], ...] = field(default=())
     severity_note: str = ""  # when a finding's severity can differ from the default, say when
     log_fix: LogFix | None = None  # a log finding's exact fix, read from its first matching line
+    cluster_check: ClusterCheck | None = None  # checked by `doctor --hostfile` over all nodes
 
     def log_finding(self, evidence: str, line: str) -> Finding:
         """The finding for a log whose first matching line is `line`."""

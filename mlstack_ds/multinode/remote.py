@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolMissing, ToolTi
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 DEFAULT_TIMEOUT_S = 60.0
+# ssh sessions at once when every node is asked the same (sshd's default MaxStartups 10:30:100 limits
+# unauthenticated connections per target node, not the fan-out; the head's key exchanges are the limit)
+MAX_PARALLEL_NODES = 32
 SSH_FAILED = 255  # ssh's own exit code for "could not run the command there" (the command's otherwise)
 REACH_HINT = ("DeepSpeed's launcher needs passwordless ssh from this host to every node: "
               "`ssh -o BatchMode=yes {host} hostname` must print the node's name")
@@ -50,6 +54,14 @@ def run_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT
     except ToolMissing as exc:
         raise EnvironmentProblem("ssh is not installed on this host",
                                  hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc
+
+
+def start_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT_TIMEOUT_S,
+             env: Mapping[str, str] | None = None, input_text: str | None = None
+             ) -> AbstractContextManager[runner.Background]:
+    """`command` on `host` in the background, for a caller that wants what it printed before a time-out
+    (`Background.partial_stdout`): a remote probe that prints in stages keeps the stages it finished."""
+    return runner.run_in_background(ssh_argv(host, command), timeout=timeout, env=env, input_text=input_text)
 
 
 def unreachable(result: runner.RunResult, host: str) -> NodeUnreachable | None:

@@ -31,7 +31,7 @@ ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # accelerator choice, the interface and transport settings of gloo/NCCL/RCCL, and ROCm's device selection.
 FORWARDED_PREFIXES = ("MLSTACK_", "DS_ACCELERATOR", "GLOO_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_",
                       "OMP_", "TORCH_")
-MAX_PARALLEL_NODES = 32  # ssh sessions at once (sshd's default MaxStartups is 10:30:100 per node)
+MAX_PARALLEL_NODES = remote.MAX_PARALLEL_NODES
 DEFAULT_ENV_FILE_NAME = ".deepspeed_env"  # DeepSpeed's default, looked up in $HOME and the working directory
 
 

@@ -250,3 +250,25 @@ def test_ds_config_read_like_deepspeed(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert f"error: --ds-config {config}: the top level is a list" in refused.stderr
     assert "hint: " in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize(("hostfile_text", "says"), [
+    ("node1 slots = 8\n", "hostfile:1: bad entry 'node1 slots = 8'"),
+    ("node1 slots=1\nnode1 slots=2\n", "host node1 is listed twice"),
+    ("# nobody\n", "no hosts in it"),
+    ("node1 slots=0\n", "every host has slots=0"),
+])
+def test_hostfile_deepspeed_would_reject_is_exit_2_before_any_ssh(tmp_path: Path, hostfile_text: str,
+                                                                  says: str) -> None:
+    hostfile = write(tmp_path / "hostfile", hostfile_text)
+    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "doctor", "--hostfile", str(hostfile)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "hint:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_hostfile_with_an_option_about_this_machine_is_exit_2(tmp_path: Path) -> None:
+    hostfile = write(tmp_path / "hostfile", "node1 slots=1\n")
+    result = FakeMachine(tmp_path, None).run("--hostfile", str(hostfile), "--log", str(hostfile))
+    assert result.returncode == 2
+    assert "error: --hostfile checks the nodes over ssh; --log is about this machine" in result.stderr

@@ -49,6 +49,8 @@ LOG_CASES: dict[str, str] = {
     "eaddrinuse_captured-deepspeed-launcher-default-port.txt": "MLS-NET-003",
     "terminate-without-active-exception_clients-on-cpu.txt": "MLS-LOG-010",
     "aio-undefined-io_submit_captured-nvme-offload-prebuilt-without-libaio.txt": "MLS-LOG-011",
+    "gloo-loopback-fallback_captured-two-hosts-hostname-unresolved.txt": "MLS-NET-004",
+    "gloo-loopback-127.0.1.1_captured-two-hosts-etc-hosts-line.txt": "MLS-NET-004",
 }
 # Whole logs captured on this machine (SOURCES.md): the first line the rule must quote, when not line 1.
 FIRST_MATCH: dict[str, int] = {
@@ -57,6 +59,8 @@ FIRST_MATCH: dict[str, int] = {
     "eaddrinuse_captured-torchrun-master-port-29500.txt": 45,
     "eaddrinuse_captured-deepspeed-launcher-default-port.txt": 37,
     "aio-undefined-io_submit_captured-nvme-offload-prebuilt-without-libaio.txt": 51,
+    "gloo-loopback-fallback_captured-two-hosts-hostname-unresolved.txt": 2,
+    "gloo-loopback-127.0.1.1_captured-two-hosts-etc-hosts-line.txt": 20,
 }
 # Rules whose texts come from the real ds_report capture rather than from a quote file.
 FROM_DS_REPORT = {"MLS-BUILD-005", "MLS-LOG-004", "MLS-DS-001"}

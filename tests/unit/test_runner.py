@@ -50,6 +50,16 @@ def test_background_result_holds_output_larger_than_a_pipe() -> None:
     assert (result.returncode, len(result.stdout), result.stderr) == (0, 1_000_000, "done\n")
 
 
+def test_background_input_and_what_it_printed_before_a_time_out() -> None:
+    """`input_text` reaches the child's stdin in full (a script larger than a pipe's buffer), and what the
+    child printed before it hung survives the time-out (how doctor --hostfile asks a node)."""
+    script = "echo first\n" + "# padding\n" * 20_000 + "echo second\nexec sleep 300\n"
+    with run_in_background(["/bin/sh", "-s"], timeout=3, input_text=script) as pending:
+        with pytest.raises(ToolTimedOut):
+            pending.result()
+        assert pending.partial_stdout() == "first\nsecond\n"
+
+
 def test_background_reports_missing_and_timed_out_tools_when_collected() -> None:
     with run_in_background(["/nonexistent/tool"]) as pending, pytest.raises(ToolMissing):
         pending.result()

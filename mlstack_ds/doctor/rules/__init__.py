@@ -5,6 +5,7 @@ from __future__ import annotations
 from mlstack_ds.doctor.model import RULE_ID_RE, Rule
 from mlstack_ds.doctor.rules import (
     build_rules,
+    cluster_rules,
     deepspeed_rules,
     device_rules,
     env_rules,
@@ -23,7 +24,7 @@ def _registry(*groups: tuple[Rule, ...]) -> tuple[Rule, ...]:
     for rule in rules:
         if not RULE_ID_RE.match(rule.id) or rule.id in seen:
             raise ValueError(f"rule id {rule.id!r} is malformed or used twice")
-        if rule.check is None and not rule.log_patterns:
+        if rule.check is None and rule.cluster_check is None and not rule.log_patterns:
             raise ValueError(f"rule {rule.id} can never fire: no check and no log pattern")
         seen.add(rule.id)
     return rules
@@ -40,6 +41,7 @@ RULES: tuple[Rule, ...] = _registry(
     system_rules.RULES,
     launch_rules.RULES,
     log_rules.RULES,
+    cluster_rules.RULES,
 )
 
 

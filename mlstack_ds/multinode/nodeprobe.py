@@ -1,0 +1,258 @@
+"""What `doctor --hostfile` needs to know about one node, asked in one ssh round trip.
+
+Why one round trip: a cluster has hundreds of nodes and each ssh connection costs a handshake, so one
+`sh -s` per node gets everything at once from a script on stdin: the node's hostname and what it resolves
+to there (`getent ahosts`, the lookup glibc's getaddrinfo does, which is how gloo picks its address), its
+interface addresses (`ip -o addr`), the interface variables its shell sets, its ROCm version file, whether
+mlstack-ds's interpreter and the target interpreter exist at this host's paths, and then the target
+probe (`detect.target_probe.PROBE_SCRIPT`, the same script and parser as everywhere else) run by the
+target interpreter from a here-document, preceded by a read of the install receipt next to it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlstack_ds.detect.target_probe import PROBE_SCRIPT, PROBE_TIMEOUT_S, TargetFacts, parse_target_output
+from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
+from mlstack_ds.multinode import remote
+from mlstack_ds.receipt import Receipt
+
+SECTION = "@@MLSTACK_NODE:"
+RECEIPT_MARKER = "MLSTACK_NODE_RECEIPT:"
+IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+NODE_TIMEOUT_S = PROBE_TIMEOUT_S + 30.0  # the probe imports torch; ssh's connect and the shell part on top
+_HEREDOC_END = "MLSTACK_NODE_PROBE_END"
+
+# Runs in the target interpreter before the probe: the receipt, read where `receipt.receipt_path` puts it.
+_RECEIPT_SNIPPET = r"""
+import json as _mls_json, os as _mls_os, sys as _mls_sys
+_mls_path = _mls_os.path.join(_mls_sys.prefix, "share", "mlstack-ds", "receipt.json")
+try:
+    with open(_mls_path, encoding="utf-8") as _mls_file:
+        _mls_text, _mls_error = _mls_file.read(), None
+except FileNotFoundError:
+    _mls_text, _mls_error = None, None
+except OSError as _mls_exc:
+    _mls_text, _mls_error = None, str(_mls_exc)
+print("MLSTACK_NODE_RECEIPT:" + _mls_json.dumps({"path": _mls_path, "text": _mls_text, "error": _mls_error}),
+      flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class InterfaceAddress:
+    interface: str
+    address: str  # with its prefix length: 10.0.0.5/24
+    scope: str  # `ip`'s scope: global, link, host
+
+    @property
+    def ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        return ipaddress.ip_interface(self.address).ip
+
+    @property
+    def loopback(self) -> bool:
+        return self.interface == "lo" or self.ip.is_loopback
+
+
+@dataclass(frozen=True)
+class ReceiptSummary:
+    """What the node's install receipt says, in brief (or why it could not be read)."""
+
+    path: str
+    deepspeed_version: str | None = None
+    archs: tuple[str, ...] = ()
+    problem: str | None = None
+
+    def text(self) -> str:
+        if self.problem:
+            return f"unreadable ({self.problem})"
+        return f"DeepSpeed {self.deepspeed_version} for {';'.join(self.archs) or 'no GPU arch'}"
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One node as seen over ssh. `unreachable` set: nothing else is known. Unknowns are None/empty."""
+
+    host: str
+    unreachable: str | None = None
+    hostname: str | None = None
+    resolved: tuple[str, ...] = ()  # the addresses `hostname` resolves to on the node
+    addresses: tuple[InterfaceAddress, ...] = ()
+    ifname_env: Mapping[str, str] = field(default_factory=dict)
+    rocm_version: str | None = None
+    tool_present: bool | None = None
+    python_present: bool | None = None
+    target: TargetFacts | None = None
+    receipt: ReceiptSummary | None = None
+
+    @property
+    def gpu_archs(self) -> tuple[str, ...]:
+        """The base targets of the node's visible devices (`gfx90a:sramecc+:xnack-` -> gfx90a)."""
+        torch = self.target.torch if self.target else None
+        if torch is None:
+            return ()
+        return tuple(sorted({(d.gcn_arch_name or "").split(":", 1)[0] for d in torch.devices} - {""}))
+
+    def to_json(self) -> dict[str, Any]:
+        target = self.target
+        torch = target.torch if target else None
+        return {
+            "host": self.host,
+            "reachable": self.unreachable is None,
+            "unreachable": self.unreachable,
+            "hostname": self.hostname,
+            "hostname_resolves_to": list(self.resolved),
+            "addresses": [{"interface": a.interface, "address": a.address, "scope": a.scope}
+                          for a in self.addresses],
+            "interface_variables": dict(self.ifname_env),
+            "rocm_version": self.rocm_version,
+            "mlstack_ds_interpreter": self.tool_present,
+            "python_present": self.python_present,
+            "python": None if target is None else {
+                "executable": target.python.executable, "version": target.python.version,
+                "answered": target.answered, "problem": target.problem, "torch_error": target.torch_error},
+            "torch": None if torch is None else {
+                "version": torch.version, "hip": torch.hip, "cuda": torch.cuda, "device_count": torch.device_count,
+                "archs": list(self.gpu_archs)},
+            "deepspeed": target.deepspeed.version if target and target.deepspeed else None,
+            "receipt": None if self.receipt is None else {
+                "path": self.receipt.path, "deepspeed_version": self.receipt.deepspeed_version,
+                "archs": list(self.receipt.archs), "problem": self.receipt.problem},
+        }
+
+
+def node_script(python: Path, tool: Path) -> str:
+    """The `sh -s` script for one node: each part after its own section line, the probe last."""
+    py, tool_q = shlex.quote(str(python)), shlex.quote(str(tool))
+    variables = "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in IFNAME_VARIABLES)
+    return (
+        f"echo '{SECTION}hostname'; hostname\n"
+        f"echo '{SECTION}resolved'; getent ahosts \"$(hostname)\" 2>/dev/null\n"
+        f"echo '{SECTION}addresses'; ip -o addr show 2>/dev/null\n"
+        f"echo '{SECTION}env'\n{variables}"
+        f"echo '{SECTION}rocm'; cat \"${{ROCM_PATH:-/opt/rocm}}/.info/version\" 2>/dev/null\n"
+        f"echo '{SECTION}tool'; if test -x {tool_q}; then echo yes; else echo no; fi\n"
+        f"echo '{SECTION}python'\n"
+        f"if test -x {py}; then echo yes; {py} - <<'{_HEREDOC_END}'\n"
+        f"{_RECEIPT_SNIPPET}{PROBE_SCRIPT}\n{_HEREDOC_END}\n"
+        "else echo no; fi\n"
+    )
+
+
+def parse_node_output(host: str, stdout: str, python: Path, *, interrupted: str | None = None) -> NodeFacts:
+    """The script's sections as `NodeFacts`; a missing section leaves its facts unknown."""
+    sections = _sections(stdout)
+    present = sections.get("python", [])
+    python_present = None if not present else present[0].strip() == "yes"
+    target = None
+    receipt = None
+    if python_present:
+        probe_output = "\n".join(present[1:])
+        target = parse_target_output(probe_output, python, interrupted=interrupted)
+        receipt = _receipt(probe_output)
+    tool = sections.get("tool", [])
+    hostname = next((ln.strip() for ln in sections.get("hostname", []) if ln.strip()), None)
+    rocm = next((ln.strip() for ln in sections.get("rocm", []) if ln.strip()), None)
+    return NodeFacts(
+        host=host, hostname=hostname, resolved=parse_getent(sections.get("resolved", [])),
+        addresses=parse_ip_addr(sections.get("addresses", [])), ifname_env=_variables(sections.get("env", [])),
+        rocm_version=rocm, tool_present=None if not tool else tool[0].strip() == "yes",
+        python_present=python_present, target=target, receipt=receipt)
+
+
+def probe_node(host: str, python: Path, tool: Path, *, env: Mapping[str, str] | None = None,
+               timeout: float = NODE_TIMEOUT_S) -> NodeFacts:
+    """Ask `host` everything in one ssh call: `sh -s` with the script on stdin (the remote command stays
+    `sh -s`, which every login shell, csh too, passes on unchanged; a multi-line `sh -c` would not). The
+    call runs in the background, so that a torch import that hangs there still leaves everything printed
+    before it (the node's name, network, the probe's first line). An unreachable node is a fact too."""
+    try:
+        with remote.start_on(host, ["sh", "-s"], input_text=node_script(python, tool), timeout=timeout,
+                             env=env) as pending:
+            try:
+                result = pending.result()
+            except ToolTimedOut:
+                partial = pending.partial_stdout()
+                if SECTION not in partial:
+                    return NodeFacts(host, unreachable=f"no answer within {timeout:g} s")
+                return parse_node_output(host, partial, python, interrupted=f"no answer within {timeout:g} s")
+    except ToolMissing as exc:
+        raise EnvironmentProblem("ssh is not installed on this host",
+                                 hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc
+    gone = remote.unreachable(result, host)
+    if gone is not None:
+        return NodeFacts(host, unreachable=gone.reason)
+    interrupted = None if result.ok else f"the node's script exited with {result.returncode}: {result.tail(1)}"
+    return parse_node_output(host, result.stdout, python, interrupted=interrupted)
+
+
+def parse_getent(lines: list[str]) -> tuple[str, ...]:
+    """`getent ahosts NAME` lines (`ADDRESS  STREAM NAME`, one per socket type) as distinct addresses."""
+    seen: dict[str, None] = {}
+    for line in lines:
+        fields = line.split()
+        if fields:
+            try:
+                seen[str(ipaddress.ip_address(fields[0]))] = None
+            except ValueError:
+                continue
+    return tuple(seen)
+
+
+def parse_ip_addr(lines: list[str]) -> tuple[InterfaceAddress, ...]:
+    """`ip -o addr show` lines (`2: eth0    inet 10.0.0.5/24 brd ... scope global eth0\\ ...`)."""
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4 or fields[2] not in ("inet", "inet6"):
+            continue
+        try:
+            ipaddress.ip_interface(fields[3])
+        except ValueError:
+            continue
+        scope = fields[fields.index("scope") + 1] if "scope" in fields[:-1] else "global"
+        found.append(InterfaceAddress(fields[1].split("@", 1)[0], fields[3], scope))
+    return tuple(found)
+
+
+def _sections(stdout: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in stdout.splitlines():
+        if line.startswith(SECTION):
+            current = sections.setdefault(line[len(SECTION):].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+def _variables(lines: list[str]) -> dict[str, str]:
+    pairs = (ln.split("=", 1) for ln in lines if "=" in ln)
+    return {k: v for k, v in pairs if k in IFNAME_VARIABLES and v.strip()}
+
+
+def _receipt(probe_output: str) -> ReceiptSummary | None:
+    line = next((ln for ln in probe_output.splitlines() if ln.startswith(RECEIPT_MARKER)), None)
+    if line is None:
+        return None
+    try:
+        data = json.loads(line[len(RECEIPT_MARKER):])
+        path, text, error = str(data["path"]), data.get("text"), data.get("error")
+    except (ValueError, KeyError, TypeError):
+        return None
+    if error:
+        return ReceiptSummary(path, problem=str(error))
+    if text is None:
+        return None
+    try:
+        receipt = Receipt.from_dict(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        return ReceiptSummary(path, problem=str(exc))
+    return ReceiptSummary(path, receipt.deepspeed_version, tuple(receipt.archs))
