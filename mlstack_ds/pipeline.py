@@ -8,17 +8,20 @@ state from that answer and hands it to verify, and probes again only after pip c
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel
+from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel, cached_wheel
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment
 from mlstack_ds.detect.environment import detect_with_target
 from mlstack_ds.detect.target_probe import TargetFacts
-from mlstack_ds.errors import EnvironmentProblem, UsageError
+from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
 from mlstack_ds.install import InstalledState, check_health, install_wheel, installed_state
 from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
@@ -47,6 +50,8 @@ class InstallRequest:
     verify: bool = True
     force: bool = False
     rebuild: bool = False
+    # `install --hostfile` on each node: install the head's wheel (this cache key) from the cache, never build.
+    cached_wheel: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,57 @@ def copy_wheel(wheel: Path, directory: Path) -> Path:
     return target
 
 
+def refuse_to_build(plan: BuildPlan, expected_key: str, cache: Cache) -> None:
+    """A node of `install --hostfile` installs the head's wheel or nothing: compiling there would give
+    the nodes different builds. A plan that differs from the head's (other torch, Python, toolchain, op
+    decisions) is named field by field, from the head's plan recorded with the wheel in the cache."""
+    if plan.cache_key != expected_key:
+        differences = plan_differences(plan.to_dict(), _recorded_plan(cache, expected_key))
+        raise InstallError(
+            f"this node plans another build than the head ({plan.cache_key}, not {expected_key})"
+            + (": " + "; ".join(differences) if differences else ""),
+            hint="every node needs the same torch, Python and build tools as the host that built the wheel "
+            "(compare `mlstack-ds install --dry-run` on both)")
+    if cached_wheel(cache, plan) is None:
+        raise InstallError(f"no cached wheel for plan {expected_key} in {cache.root}",
+                           hint="the head copies it there first; run `mlstack-ds install --hostfile` again")
+
+
+def plan_differences(here: Mapping[str, Any], head: Mapping[str, Any] | None) -> list[str]:
+    """`what: X here, Y on the head` for each part of the build that differs: the fields the cache key
+    is made of (MAX_JOBS, the notes and paths are not); empty when the head's plan is unknown."""
+    if head is None:
+        return []
+
+    def facts(plan: Mapping[str, Any]) -> dict[str, object]:
+        env = plan.get("env") if isinstance(plan.get("env"), dict) else {}
+        out: dict[str, object] = {key: plan.get(key) for key in (
+            "deepspeed_version", "source_pin", "patches", "platform", "archs", "torch_version", "built_ops")}
+        out["python"] = ".".join(str(plan.get("python_version", "")).split(".")[:2])
+        out.update({f"env {k}": v for k, v in env.items() if k != "MAX_JOBS"})
+        return out
+
+    # Compared in their JSON form: the plan here has tuples, the recorded one lists.
+    mine, theirs = (json.loads(json.dumps(facts(plan), default=str)) for plan in (here, head))
+    return [f"{key}: {_short(mine.get(key))} here, {_short(theirs.get(key))} on the head"
+            for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _recorded_plan(cache: Cache, key: str) -> dict[str, Any] | None:
+    """The plan the head recorded next to its wheel (build.json), if this node's cache has the entry."""
+    try:
+        data = json.loads((cache.root / "wheels" / key / "build.json").read_text())
+    except (OSError, ValueError):
+        return None
+    plan = data.get("plan") if isinstance(data, dict) else None
+    return plan if isinstance(plan, dict) else None
+
+
 def run_install(prepared: Prepared, request: InstallRequest, output: Output,
                 progress: BuildProgress | None = None) -> InstallOutcome:
     plan = prepared.plan
@@ -150,6 +206,8 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
         raise EnvironmentProblem(f"cannot tell the environment prefix of {plan.target_python}",
                                  hint="check that --python runs")
     cache = Cache.open(request.cache_dir)  # a bad --cache-dir is an error even when nothing needs building
+    if request.cached_wheel is not None:
+        refuse_to_build(plan, request.cached_wheel, cache)
     forced = request.force or request.rebuild
     try:
         receipt = read_receipt(prefix)

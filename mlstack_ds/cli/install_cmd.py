@@ -31,8 +31,9 @@ from mlstack_ds.cli.options import (
 )
 from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import Interrupted, VerifyFailed
+from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
 from mlstack_ds.install import check_health, probe_installed, rollback, uninstall
+from mlstack_ds.multinode.install import run_hostfile_install
 from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_build, run_install
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
@@ -71,6 +72,14 @@ def register(app: typer.Typer) -> None:
         json_output: JsonOption = False,
         force: bool = typer.Option(False, "--force", help="Reinstall even if the same plan is installed and healthy."),
         rebuild: bool = typer.Option(False, "--rebuild", help="Also rebuild the wheel instead of reusing the cache."),
+        hostfile: Path | None = typer.Option(
+            None, "--hostfile", metavar="FILE",
+            help="Multi-node: build once here, install the same wheel on every node of this DeepSpeed hostfile "
+            "(over ssh; mlstack-ds and --python at the same paths everywhere), all or nothing, then verify "
+            "across the nodes."),
+        cached_wheel: str | None = typer.Option(
+            None, "--cached-wheel", hidden=True, metavar="KEY",
+            help="Install the cached wheel of this plan or fail; never build (each node of --hostfile)."),
     ) -> None:
         """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
 
@@ -81,8 +90,14 @@ def register(app: typer.Typer) -> None:
         request = InstallRequest(
             deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
             sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
-            verify=not no_verify, force=force, rebuild=rebuild,
+            verify=not no_verify, force=force, rebuild=rebuild, cached_wheel=cached_wheel,
         )
+        if hostfile is not None:
+            if cached_wheel is not None:
+                raise UsageError("--cached-wheel is what install --hostfile passes to each node",
+                                 hint="leave it out")
+            install_across(request, hostfile, output, json_output=json_output, dry_run=dry_run)
+            return
         prepared = prepare(request)
         plan = prepared.plan
         if dry_run:
@@ -239,6 +254,32 @@ def register(app: typer.Typer) -> None:
             output.warn(escape(summary))
             return
         _report_change(output, json_output, interpreter, action, summary)
+
+
+def install_across(request: InstallRequest, hostfile: Path, output: Output, *, json_output: bool,
+                   dry_run: bool) -> None:
+    """`install --hostfile`: the plan, one status line per node, one document (or table) at the end."""
+    with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
+        outcome = run_hostfile_install(request, hostfile, output, progress, dry_run=dry_run)
+    plan, report = outcome.plan, outcome.verify
+    failure = None
+    if report is not None and not report.ok:
+        failed = [c.name for c in report.checks if c.status == "fail"]
+        failure = VerifyFailed(
+            f"DeepSpeed was installed on every node, but {len(failed)} verify check(s) failed: {', '.join(failed)}",
+            hint=f"details: mlstack-ds verify --hostfile {hostfile} --python {plan.target_python}; "
+            "`mlstack-ds rollback` on each node restores the previous DeepSpeed")
+    if json_output:
+        output.emit_json(outcome.to_json(), error=failure)
+    else:
+        render_plan(plan, output, output.out if dry_run else output.err)
+        print_records(output.out, ("node", "action", "wheel", "receipt"), [
+            (n.host, n.action + (f" (with {n.shares_with})" if n.shares_with else ""), n.cache or "",
+             (n.receipt or {}).get("installed_at") or "") for n in outcome.nodes], title="nodes")
+        if report is not None:
+            render_report(report, output.out)
+    if failure is not None:
+        raise failure
 
 
 def _report_change(output: Output, json_output: bool, interpreter: str, action: str, summary: str) -> None:

@@ -1,0 +1,106 @@
+"""Run mlstack-ds itself on a node over ssh: the same interpreter and package directory as here.
+
+Why the same paths and not "whatever mlstack-ds the node has": `install --hostfile` builds the wheel
+here and has each node install it with its own plan; a node running another version of the tool could
+plan (and name the cache entry) differently. So the node runs `<this sys.executable> -m mlstack_ds` with
+this package's directory first on PYTHONPATH (a checkout run with PYTHONPATH works as an installed tool
+does), and is refused when that does not answer with this version.
+Only the variables that change a plan are passed on (ssh gives the remote command the node's own
+login environment otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlstack_ds
+from mlstack_ds import __version__
+from mlstack_ds.errors import EnvironmentProblem, ToolTimedOut
+from mlstack_ds.multinode import remote
+
+# What makes two hosts plan different builds (detect's TRACKED_ENV_VARS minus device visibility, which is
+# each node's own business), and the tool's debug switch.
+PLAN_VARIABLES = ("PYTORCH_ROCM_ARCH", "DS_ACCELERATOR", "ROCM_PATH", "ROCM_HOME", "HIP_PLATFORM",
+                  "TORCH_CUDA_ARCH_LIST", "CXX", "HSA_OVERRIDE_GFX_VERSION", "MLSTACK_DEBUG")
+SAME_PATH_HINT = "install mlstack-ds at the same path on every node, or on a shared file system"
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """A remote `mlstack-ds ... --json`: its exit code, its document (None if it printed none) and stderr."""
+
+    returncode: int
+    document: dict[str, Any] | None
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def error_message(self) -> str:
+        """The node's own one-line error (its --json error entry), else the last line it printed."""
+        error = (self.document or {}).get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        lines = [ln.strip() for ln in self.stderr.splitlines() if ln.strip()]
+        return lines[-1] if lines else f"exit code {self.returncode}"
+
+    def error_hint(self) -> str:
+        error = (self.document or {}).get("error")
+        return str(error.get("hint") or "") if isinstance(error, dict) else ""
+
+
+def tool_argv(args: Sequence[str | Path], environ: Mapping[str, str] | None = None) -> list[str]:
+    """`env VAR=... PYTHONPATH=<this package's parent> <this python> -m mlstack_ds ARGS`."""
+    return [*_interpreter_argv(environ), "-m", "mlstack_ds", *map(str, args)]
+
+
+def _interpreter_argv(environ: Mapping[str, str] | None = None) -> list[str]:
+    environ = os.environ if environ is None else environ
+    passed = [f"{k}={environ[k]}" for k in PLAN_VARIABLES if environ.get(k)]
+    return ["env", *passed, f"PYTHONPATH={_package_file().parent.parent}", sys.executable]
+
+
+def _package_file() -> Path:
+    return Path(mlstack_ds.__file__).resolve()
+
+
+def check_tool(host: str) -> None:
+    """The node runs this very mlstack-ds: the same interpreter path imports the package from the same
+    file, at the same version (a node with its own install elsewhere is refused too); EnvironmentProblem
+    otherwise."""
+    script = "import mlstack_ds, os; print(mlstack_ds.__version__, os.path.realpath(mlstack_ds.__file__))"
+    result = remote.run_on(host, [*_interpreter_argv(), "-c", script])
+    gone = remote.unreachable(result, host)
+    if gone is not None:
+        raise gone.error()
+    expected = f"{__version__} {_package_file()}"
+    if result.ok and result.stdout.strip() == expected:
+        return
+    said = (f"it has mlstack-ds {result.stdout.strip()}" if result.ok
+            else result.tail(1) or f"exit code {result.returncode}")
+    raise EnvironmentProblem(f"node {host}: mlstack-ds {__version__} is not at {sys.executable} with its package "
+                             f"at {_package_file().parent} there ({said})", hint=SAME_PATH_HINT)
+
+
+def run_tool(host: str, args: Sequence[str | Path], *, timeout: float) -> ToolRun:
+    """`mlstack-ds ARGS --json` on `host`; ssh failing (not the command) is EnvironmentProblem."""
+    try:
+        result = remote.run_on(host, tool_argv([*args, "--json"]), timeout=timeout)
+    except ToolTimedOut as exc:
+        raise EnvironmentProblem(f"node {host}: mlstack-ds {args[0]} did not finish within {timeout:g} s",
+                                 hint="see what the node is doing; nothing else waits for it") from exc
+    gone = remote.unreachable(result, host)
+    if gone is not None:
+        raise gone.error()
+    try:
+        document = json.loads(result.stdout) if result.stdout.strip() else None
+    except ValueError:
+        document = None
+    return ToolRun(result.returncode, document if isinstance(document, dict) else None, result.stderr)
