@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -36,11 +36,15 @@ def node_local_hosts(tmp_path: Path) -> Iterator[Callable[..., AbstractContextMa
     """`node_local_hosts(venv=None)`: two hosts, each with a scratch directory of its own at one common path
     (`scratch_dir(hosts)`: give it to the CLI as TMPDIR, and what it writes there is on that node only,
     like a node-local /tmp) and, with `venv`, its own copy of that venv at the venv's path
-    (`own_hostnames`: see tests/two_hosts.py)."""
+    (`own_hostnames`: see tests/two_hosts.py). `first_node_only`: directories the first node (where
+    `head_cli` runs) sees as they are and the others as an empty directory of their own (a node-local
+    cache). `hardlinks`: the venv copies are `cp -al` (seconds, not minutes, for a torch venv), for tests
+    that only add and remove files in them (pip does; nothing may be changed in place)."""
     _skip_without_harness()
     made: list[Path] = []
 
-    def start(venv: Path | None = None, own_hostnames: bool = True) -> AbstractContextManager[TwoHosts]:
+    def start(venv: Path | None = None, own_hostnames: bool = True, first_node_only: Sequence[Path] = (),
+              hardlinks: bool = False) -> AbstractContextManager[TwoHosts]:
         scratch = tmp_path / "scratch"
         scratch.mkdir(exist_ok=True)
         mounts: dict[str, dict[Path, Path]] = {}
@@ -50,9 +54,14 @@ def node_local_hosts(tmp_path: Path) -> Iterator[Callable[..., AbstractContextMa
             mounts[name] = {scratch: own_scratch}
             if venv is not None:
                 copy = tmp_path / f"{name}-venv"
-                subprocess.run(["cp", "-a", str(venv), str(copy)], check=True)
+                subprocess.run(["cp", "-al" if hardlinks else "-a", str(venv), str(copy)], check=True)
                 made.append(copy)
                 mounts[name][venv] = copy
+            if name != NODE_NAMES[0]:
+                for index, path in enumerate(first_node_only):
+                    own = tmp_path / f"{name}-own-{index}"
+                    own.mkdir(exist_ok=True)
+                    mounts[name][path] = own
         return two_hosts(tmp_path / "hosts", node_local=mounts, names=NODE_NAMES, own_hostnames=own_hostnames)
 
     yield start

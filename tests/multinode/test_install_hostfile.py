@@ -1,0 +1,171 @@
+"""`mlstack-ds install --hostfile` on two real hosts (network namespaces with sshd: tests/two_hosts.py).
+
+The wheel comes from the session's cold install (`installed_target`): each test gets a copy of its cache
+entry, so the head's build is a cache hit and each node installs in seconds. The target venv is a copy of
+the installed target with DeepSpeed uninstalled by the tool (torch, DeepSpeed's requirements and the HF
+clients stay: the namespaces have no package index, and pip must find every requirement satisfied).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from e2e_support import Target
+from two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli
+
+from mlstack_ds import __version__
+
+
+def node_cli(hosts: TwoHosts, host: Host, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The tool run on `host` itself (its mounts: its own copy of a node-local venv)."""
+    return hosts.run_on(host, [sys.executable, "-m", "mlstack_ds", *args], timeout=300,
+                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+
+
+def node_status(hosts: TwoHosts, host: Host, python: Path) -> dict:
+    result = node_cli(hosts, host, "status", "--python", python, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def base_venv(installed_target: Target, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The installed target's venv without DeepSpeed (the tool's own uninstall), copied once per module."""
+    venv = tmp_path_factory.mktemp("hostfile-base") / "venv"
+    subprocess.run(["cp", "-a", str(installed_target.venv), str(venv)], check=True)
+    done = subprocess.run([sys.executable, "-m", "mlstack_ds", "uninstall", "--python", str(venv / "bin" / "python")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr
+    return venv
+
+
+@pytest.fixture
+def target(base_venv: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the base venv for one test. Hard links: install, rollback and uninstall only add
+    and remove files (pip never rewrites torch's in place), so the base stays clean and the copy is cheap."""
+    venv = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(base_venv), str(venv)], check=True)
+    return venv
+
+
+@pytest.fixture
+def warm_cache(installed_target: Target, tmp_path: Path) -> Path:
+    """A cache of this test's own holding the session's wheel (the cache entry, nothing else)."""
+    cache = tmp_path / "cache"
+    shutil.copytree(installed_target.cache / "wheels", cache / "wheels")
+    return cache
+
+
+def install(hosts: TwoHosts, hostfile: Path, venv: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return head_cli(hosts, "install", "--hostfile", hostfile, "--python", venv / "bin" / "python", "--cache-dir",
+                    cache, "--json", *extra)
+
+
+def by_host(document: dict) -> dict[str, dict]:
+    nodes = document.get("nodes") or document["error"]["nodes"]
+    return {n["host"]: n for n in nodes}
+
+
+def test_a_shared_file_system_is_installed_once(two_hosts_shared: TwoHosts, target: Path, warm_cache: Path) -> None:
+    hosts = two_hosts_shared
+    planned = install(hosts, hosts.hostfile(), target, warm_cache, "--dry-run")  # checks the nodes, changes nothing
+    assert planned.returncode == 0, planned.stderr
+    assert [(n["host"], n["action"]) for n in json.loads(planned.stdout)["nodes"]] == [
+        ("mls-node-a", "checked"), ("mls-node-b", "checked")]
+    assert not (target / "share" / "mlstack-ds" / "receipt.json").exists()
+    result = install(hosts, hosts.hostfile(), target, warm_cache, "--no-verify")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    nodes = by_host(document)
+    assert (nodes["mls-node-a"]["action"], nodes["mls-node-a"]["cache"]) == ("installed", "shared")
+    assert (nodes["mls-node-b"]["action"], nodes["mls-node-b"]["shares_with"]) == ("shared", "mls-node-a")
+    assert nodes["mls-node-b"]["receipt"] == nodes["mls-node-a"]["receipt"]
+    key = document["plan"]["cache_key"]
+    assert nodes["mls-node-a"]["receipt"]["cache_key"] == key
+    for host in hosts.hosts:  # one environment, one receipt, seen from both nodes
+        status = node_status(hosts, host, target / "bin" / "python")
+        assert status["intact"] and status["receipt"]["cache_key"] == key
+    assert "mls-node-a: ready (cpu)" in result.stderr
+    assert "mls-node-b: shares the target environment with mls-node-a" in result.stderr
+    assert not list(target.glob(".mlstack-ds-node-probe-*"))  # the probe files are removed
+
+
+def test_node_local_venvs_get_the_wheel_copied_and_a_receipt_each(
+        node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], target: Path, warm_cache: Path,
+        tmp_path: Path) -> None:
+    with node_local_hosts(target, first_node_only=[warm_cache], hardlinks=True) as hosts:
+        result = install(hosts, hosts.hostfile(), target, warm_cache, "--no-verify")
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        key = document["plan"]["cache_key"]
+        nodes = by_host(document)
+        assert [(nodes[n]["action"], nodes[n]["cache"], nodes[n]["shares_with"]) for n in NODE_NAMES] == [
+            ("installed", "shared", None), ("installed", "copied", None)]
+        for host in hosts.hosts:
+            status = node_status(hosts, host, target / "bin" / "python")
+            assert status["intact"] and status["receipt"]["cache_key"] == key
+            assert hosts.run_on(host, ["test", "-f", status["receipt"]["wheel"]]).returncode == 0  # rollback needs it
+    for name in NODE_NAMES:  # each node's own copy of the venv has its own receipt
+        assert (tmp_path / f"{name}-venv" / "share" / "mlstack-ds" / "receipt.json").is_file()
+    copied = tmp_path / "mls-node-b-own-0"  # node b's cache: the entry, and no half-copied leftovers
+    entry = next((copied / "wheels").iterdir())
+    assert entry.name == key and {p.name for p in entry.iterdir()} >= {"build.json", Path(document["wheel"]).name}
+    assert not list((copied / "tmp").glob("incoming-*"))
+
+
+def test_a_failing_node_rolls_back_the_nodes_already_installed(
+        node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], target: Path, warm_cache: Path) -> None:
+    with node_local_hosts(target, hardlinks=True) as hosts:
+        node_b = hosts.hosts[1]
+        remounted = hosts.run_on(node_b, ["mount", "-o", "remount,bind,ro", target])  # node b's venv copy
+        assert remounted.returncode == 0, remounted.stderr
+        result = install(hosts, hosts.hostfile(), target, warm_cache, "--no-verify")
+        assert result.returncode == 7, result.stderr
+        error = json.loads(result.stdout)["error"]
+        assert error["message"].startswith("node mls-node-b: install failed: ")
+        assert error["message"].endswith("; rolled back on mls-node-a")
+        assert [(n["host"], n["action"]) for n in error["nodes"]] == [("mls-node-a", "rolled-back"),
+                                                                       ("mls-node-b", "failed")]
+        for host in hosts.hosts:  # both as they were: no DeepSpeed, no receipt
+            status = node_status(hosts, host, target / "bin" / "python")
+            assert status["receipt"] is None and status["installed"]["deepspeed_version"] is None
+
+
+def test_an_unreachable_node_stops_the_run_before_anything_happens(
+        two_hosts_shared: TwoHosts, bare_python: Path, tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("mls-node-a slots=1\nmls-node-gone slots=1\n")
+    result = install(two_hosts_shared, hostfile, bare_python.parent.parent, tmp_path / "cache", "--no-verify")
+    assert result.returncode == 3, result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert error["message"].startswith("node mls-node-gone is not reachable over ssh: ")
+    assert "ssh -o BatchMode=yes mls-node-gone hostname" in error["hint"]
+    assert not (tmp_path / "cache").exists()  # nothing was built (nor installed: bare_python has no pip)
+
+
+def test_a_node_without_this_tool_at_the_same_path_is_refused(
+        node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], bare_python: Path, tmp_path: Path) -> None:
+    with node_local_hosts(bare_python.parent.parent, first_node_only=[REPO_ROOT]) as hosts:
+        result = install(hosts, hosts.hostfile(), bare_python.parent.parent, tmp_path / "cache", "--no-verify")
+    assert result.returncode == 3, result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert error["message"].startswith(f"node mls-node-b: mlstack-ds {__version__} is not at {sys.executable} ")
+    assert error["hint"] == "install mlstack-ds at the same path on every node, or on a shared file system"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_install_then_verify_across_the_nodes(two_hosts_shared: TwoHosts, target: Path, warm_cache: Path) -> None:
+    hosts = two_hosts_shared
+    result = install(hosts, hosts.hostfile(), target, warm_cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert document["verify"]["ok"] is True, document["verify"]
+    assert document["verify"]["world_size"] == 2
