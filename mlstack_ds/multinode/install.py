@@ -1,6 +1,6 @@
 """`install --hostfile`: build the wheel once here, install that same wheel on every node, all or nothing.
 
-Why this shape (docs/multinode-install.md): a multi-node job needs the same DeepSpeed build everywhere,
+Why this shape (docs/multinode.md): a multi-node job needs the same DeepSpeed build everywhere,
 and compiling on every node would take as long per node as here and could give different builds. So:
 
 1. every node is checked before anything happens (reachable, the target interpreter and this very tool

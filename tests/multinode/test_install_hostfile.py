@@ -22,6 +22,7 @@ from e2e_support import Target
 from two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli
 
 from mlstack_ds import __version__
+from mlstack_ds.verify.checks import CHECK_NAMES
 
 
 def node_cli(hosts: TwoHosts, host: Host, *args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -167,5 +168,16 @@ def test_install_then_verify_across_the_nodes(two_hosts_shared: TwoHosts, target
     result = install(hosts, hosts.hostfile(), target, warm_cache)
     assert result.returncode == 0, result.stderr[-3000:]
     document = json.loads(result.stdout)
-    assert document["verify"]["ok"] is True, document["verify"]
-    assert document["verify"]["world_size"] == 2
+    report = document["verify"]
+    assert report["ok"] is True, report
+    assert report["world_size"] == 2
+    # the whole suite ran across the nodes: every zero* check passed on both ranks, against the torch reference
+    assert [c["name"] for c in report["checks"]] == list(CHECK_NAMES)
+    zero_checks = [c for c in report["checks"] if c["name"].startswith("zero")]
+    assert zero_checks and all(c["status"] == "pass" and c["ranks"] == {"0": "pass", "1": "pass"}
+                               for c in zero_checks), zero_checks
+    assert report["nodes"] == [
+        {"host": "mls-node-a", "ranks": [0], "files": "shared", "failed": [], "ok": True},
+        {"host": "mls-node-b", "ranks": [1], "files": "shared", "failed": [], "ok": True},
+    ]
+    assert "mls-node-b: reachable, ranks 1, shared file system" in result.stderr  # one progress line per node
