@@ -94,19 +94,19 @@ def test_a_node_without_the_interpreter_is_named(tmp_path: Path, no_ops_venv: Ta
 
 def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
         tmp_path: Path, target_venv: TargetVenv) -> None:
-    """Both nodes keep this machine's hostname, which resolves to neither: gloo binds to loopback, rank 0
-    fails to reach rank 1 (`remote=[127.0.0.1]`, after gloo's own connect time-out, when the run lasts that
-    long) and rank 1 waits. Before the fix, rank 1 and its launcher kept running on the second node after
-    verify gave up."""
+    """Both nodes keep this machine's hostname, which resolves to neither: gloo binds to loopback, so a rank
+    fails to reach its peer (`remote=[127.0.0.1]`, after gloo's own connect time-out, when the run lasts that
+    long; either rank may be first) and the other waits. Before the fix, rank 1 and its launcher kept
+    running on the second node after verify gave up."""
     with two_hosts(tmp_path / "hosts", own_hostnames=False) as hosts:
         code, report, stderr = verify_json(hosts, target_venv.python, "--only", "environment", "--timeout", "45")
         assert code == ExitCode.VERIFY, stderr
         (check,) = report["checks"]
         assert check["status"] == "fail"
-        assert "rank 1: timed out after 45 s" in check["reason"] or "ranks 0,1: timed out after 45 s" in \
-            check["reason"], check["reason"]
-        if not check["reason"].startswith("ranks 0,1"):  # rank 0 got as far as gloo's verdict
-            assert "remote=[127.0.0.1]" in check["reason"], check["reason"]
+        # each rank either reached gloo's verdict (the loopback address it was told) or was still waiting
+        for part in check["reason"].split("; "):
+            text = part.split(": ", 1)[1]
+            assert text.startswith("timed out after 45 s") or "remote=[127.0.0.1]" in text, check["reason"]
         assert_nothing_left(hosts)
 
 
