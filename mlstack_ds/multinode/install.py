@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -276,12 +277,16 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     require_ssh(hosts)
     results = {h.host: NodeResult(h.host) for h in hosts}
     facts: list[NodeFacts] = []
-    for entry in hosts:
-        found = node_facts(entry.host, python)
-        facts.append(found)
-        results[entry.host].action = "checked"
-        output.status(f"{entry.host}: ready ({found.platform}"
-                      + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
+    # all nodes at once (each check is a few ssh round trips and a detect there); read in hostfile order, so
+    # the first node that cannot take part is the one named, and its line comes after its predecessors'
+    with ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL_NODES, len(hosts))) as pool:
+        checks = {entry.host: pool.submit(node_facts, entry.host, python) for entry in hosts}
+        for entry in hosts:
+            found = checks[entry.host].result()
+            facts.append(found)
+            results[entry.host].action = "checked"
+            output.status(f"{entry.host}: ready ({found.platform}"
+                          + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
     archs = union_archs({f.host: f.archs for f in facts}) if request.archs is None else ()
     effective = replace(request, archs=",".join(archs)) if archs else request
     prepared = prepare(effective)
