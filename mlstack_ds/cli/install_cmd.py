@@ -38,7 +38,7 @@ from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_build, run
 from mlstack_ds.plan import BuildPlan
 from mlstack_ds.receipt import read_receipt, receipt_path
 from mlstack_ds.targets import TARGET_SOURCE_TEXT
-from mlstack_ds.verify.report import render_report
+from mlstack_ds.verify.report import VerifyReport, render_report
 
 
 @contextlib.contextmanager
@@ -111,14 +111,9 @@ def register(app: typer.Typer) -> None:
         with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
             outcome = run_install(prepared, request, output, progress)
         report = outcome.verify
-        failure = None
-        if report is not None and not report.ok:
-            failed = [c.name for c in report.checks if c.status == "fail"]
-            failure = VerifyFailed(
-                f"DeepSpeed was installed, but {len(failed)} verify check(s) failed: {', '.join(failed)}",
-                hint=f"details: mlstack-ds verify --python {plan.target_python}; "
-                "`mlstack-ds rollback` restores the previous DeepSpeed",
-            )
+        failure = verify_failure(report, "DeepSpeed was installed",
+                                 f"details: mlstack-ds verify --python {plan.target_python}; "
+                                 "`mlstack-ds rollback` restores the previous DeepSpeed")
         if json_output:
             output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
                               "verify": report.to_json() if report else None}, error=failure)
@@ -256,19 +251,23 @@ def register(app: typer.Typer) -> None:
         _report_change(output, json_output, interpreter, action, summary)
 
 
+def verify_failure(report: VerifyReport | None, done: str, hint: str) -> VerifyFailed | None:
+    """The error of an install whose verify failed (exit 8), or None: the install itself stands."""
+    if report is None or report.ok:
+        return None
+    failed = [c.name for c in report.checks if c.status == "fail"]
+    return VerifyFailed(f"{done}, but {len(failed)} verify check(s) failed: {', '.join(failed)}", hint=hint)
+
+
 def install_across(request: InstallRequest, hostfile: Path, output: Output, *, json_output: bool,
                    dry_run: bool) -> None:
     """`install --hostfile`: the plan, one status line per node, one document (or table) at the end."""
     with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
         outcome = run_hostfile_install(request, hostfile, output, progress, dry_run=dry_run)
     plan, report = outcome.plan, outcome.verify
-    failure = None
-    if report is not None and not report.ok:
-        failed = [c.name for c in report.checks if c.status == "fail"]
-        failure = VerifyFailed(
-            f"DeepSpeed was installed on every node, but {len(failed)} verify check(s) failed: {', '.join(failed)}",
-            hint=f"details: mlstack-ds verify --hostfile {hostfile} --python {plan.target_python}; "
-            "`mlstack-ds rollback` on each node restores the previous DeepSpeed")
+    failure = verify_failure(report, "DeepSpeed was installed on every node",
+                             f"details: mlstack-ds verify --hostfile {hostfile} --python {plan.target_python}; "
+                             "`mlstack-ds rollback` on each node restores the previous DeepSpeed")
     if json_output:
         output.emit_json(outcome.to_json(), error=failure)
     else:
