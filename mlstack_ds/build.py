@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlstack_ds.buildlog import OpLogs
 from mlstack_ds.errors import BuildError
 from mlstack_ds.patches import apply_series, series_for_recipe
 from mlstack_ds.plan import BuildPlan, plan_env
@@ -24,8 +25,7 @@ from mlstack_ds.source.cache import Cache, publish, sha256_of
 from mlstack_ds.source.fetch import SourceSpec, SourceTree, fetch_source, source_pin
 from mlstack_ds.source.gitrepo import rev_parse
 
-_EXTENSION_RE = re.compile(r"building '([\w.]+)' extension")
-_NINJA_STEP_RE = re.compile(r"^\[(\d+)/(\d+)\]")
+_NINJA_STEP_RE = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 _ERROR_RE = re.compile(r"error|Error|ERROR|FAILED|fatal")
 
 
@@ -42,23 +42,27 @@ class BuiltWheel:
 
 @dataclass
 class BuildProgress:
-    """What the build is doing now, from its output: the extension being compiled and ninja's step."""
+    """What the build is doing now, from its output: the ops compiling and ninja's last step."""
 
     op: str = "preparing"
     step: str = ""
     on_change: Callable[[BuildProgress], None] | None = None
 
-    def feed(self, line: str) -> None:
-        extension = _EXTENSION_RE.search(line)
+    def feed(self, line: str, op: str | None = None, running: tuple[str, ...] = ()) -> None:
         step = _NINJA_STEP_RE.match(line)
-        if extension:
-            self.op, self.step = extension.group(1).rsplit(".", 1)[-1].removesuffix("_op"), ""
-        elif step:
+        now = ", ".join(running) if running else (op or self.op)
+        if step:
             self.step = f"{step.group(1)}/{step.group(2)}"
-        else:
+        elif now == self.op:
             return
+        self.op = now
         if self.on_change:
             self.on_change(self)
+
+
+class _OpFailed(Exception):
+    """Raised from the output reader when an op has failed: the runner then stops the whole build at once
+    instead of letting the other ops' compiles run on."""
 
 
 def wheel_dir(cache: Cache, plan: BuildPlan) -> Path:
@@ -102,12 +106,31 @@ def build_wheel(
             applied = apply_series(tree.path, series_for_recipe(recipe))
             _check_series_is_the_plans(plan, applied.patches)
             tree_hash, commit = applied.tree_hash, applied.head
-        status(f"building ops: {', '.join(plan.built_ops) or 'none'} (log: {log_path})")
+        concurrency = plan.concurrency
+        at_once = f", {concurrency.ops_at_once} at once" if concurrency and concurrency.ops_at_once > 1 else ""
+        status(f"building ops: {', '.join(plan.built_ops) or 'none'}{at_once} (log: {log_path})")
         out = staging / "wheel"
         argv = [plan.target_python, *plan.pip_wheel_args, "-v", "-w", str(out), str(tree.path)]
-        result = run_streaming(argv, log_path=log_path, env=plan_env(plan, base_env), cwd=tree.path,
-                               on_line=progress.feed if progress else None)
+        env = {**plan_env(plan, base_env), **build_time_env(plan, tree.path, staging, base_env)}
+        op_logs = OpLogs(log_path.with_suffix(".ops"))
+
+        def on_line(line: str) -> None:
+            op = op_logs.feed(line)
+            if progress:
+                progress.feed(line, op, tuple(op_logs.running))
+            if op_logs.failed:
+                raise _OpFailed(op_logs.failed)
+
+        try:
+            result = run_streaming(argv, log_path=log_path, env=env, cwd=tree.path, on_line=on_line)
+        except _OpFailed as failed:
+            raise _op_error(op_logs, str(failed), log_path) from None
+        finally:
+            op_logs.close()
         if not result.ok:
+            failed_op = op_logs.failed or (op_logs.last_op if op_logs.running else None)
+            if failed_op:
+                raise _op_error(op_logs, failed_op, log_path)
             raise BuildError(f"building DeepSpeed failed (exit {result.returncode}): {_first_error(result.stdout)}",
                              hint=f"full log: {log_path}")
         wheels = sorted(out.glob("deepspeed-*.whl"))
@@ -122,6 +145,32 @@ def build_wheel(
         publish(out, final_dir)
     wheel = final_dir / wheels[0].name
     return BuiltWheel(wheel, sha256_of(wheel), commit, tree_hash, False, log_path, time.monotonic() - started)
+
+
+def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping[str, str]) -> dict[str, str]:
+    """What this one build adds to the plan's environment (paths of this run, so not in the plan):
+    - setuptools' build_ext `parallel` option, from a config file DIST_EXTRA_CONFIG names (read like the
+      tree's own setup.cfg), when the plan builds several ops at once;
+    - ccache's base directory: compile commands name files relative to the tree, so the same source
+      compiled from another staging directory (a rebuild, another pin with the same file) is a hit. The
+      debug info's directory is then that of the first build (CCACHE_NOHASHDIR), which no one reads: the
+      tree is deleted after the build.
+    """
+    env: dict[str, str] = {}
+    if plan.concurrency and plan.concurrency.ops_at_once > 1:
+        config = staging / "build-ext.cfg"
+        config.write_text(f"[build_ext]\nparallel = {plan.concurrency.ops_at_once}\n", encoding="utf-8")
+        env["DIST_EXTRA_CONFIG"] = str(config)
+    if plan.path_prepend and "CCACHE_BASEDIR" not in base_env:
+        env["CCACHE_BASEDIR"] = str(tree)
+        env.setdefault("CCACHE_NOHASHDIR", "1")
+    return env
+
+
+def _op_error(op_logs: OpLogs, op: str, log_path: Path) -> BuildError:
+    first = op_logs.first_error(op) or "see its log"
+    return BuildError(f"building DeepSpeed failed in op {op}: {first}",
+                      hint=f"the op's log: {op_logs.path(op)}; full log: {log_path}")
 
 
 def _check_source_is_the_plans(plan: BuildPlan, recipe: Recipe, spec: SourceSpec, tree: SourceTree) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel, cached_wheel
+from mlstack_ds.buildjobs import read_mem_available
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment
 from mlstack_ds.detect.environment import detect_with_target
@@ -24,7 +25,7 @@ from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
 from mlstack_ds.install import InstalledState, check_health, install_wheel, installed_state
 from mlstack_ds.patches import series_for_recipe
-from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan import CONCURRENCY_VARIABLES, BuildPlan, PatchRef, PlanOptions, make_plan
 from mlstack_ds.receipt import Receipt, ReceiptError, read_receipt
 from mlstack_ds.recipe import Recipe, find_recipe
 from mlstack_ds.source.cache import Cache
@@ -99,7 +100,8 @@ def prepare(request: InstallRequest) -> Prepared:
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir)
     options = PlanOptions(source=request.source, archs=archs, jobs=request.jobs, patches=request.patches,
                           source_pin=source_pin(recipe, spec))
-    plan = make_plan(environment, recipe, toolchain, patch_refs(recipe) if request.patches else [], options)
+    plan = make_plan(environment, recipe, toolchain, patch_refs(recipe) if request.patches else [], options,
+                     mem_available=read_mem_available())
     return Prepared(environment, recipe, spec, plan, detection.target)
 
 
@@ -165,7 +167,7 @@ def refuse_to_build(plan: BuildPlan, expected_key: str, cache: Cache) -> None:
 
 def plan_differences(here: Mapping[str, Any], head: Mapping[str, Any] | None) -> list[str]:
     """`what: X here, Y on the head` for each part of the build that differs: the fields the cache key
-    is made of (MAX_JOBS, the notes and paths are not); empty when the head's plan is unknown."""
+    is made of (not the compile concurrency, the notes and paths); empty when the head's plan is unknown."""
     if head is None:
         return []
 
@@ -174,7 +176,7 @@ def plan_differences(here: Mapping[str, Any], head: Mapping[str, Any] | None) ->
         out: dict[str, object] = {key: plan.get(key) for key in (
             "deepspeed_version", "source_pin", "patches", "platform", "archs", "torch_version", "built_ops")}
         out["python"] = ".".join(str(plan.get("python_version", "")).split(".")[:2])
-        out.update({f"env {k}": v for k, v in env.items() if k != "MAX_JOBS"})
+        out.update({f"env {k}": v for k, v in env.items() if k not in CONCURRENCY_VARIABLES})
         return out
 
     # Compared in their JSON form: the plan here has tuples, the recorded one lists.

@@ -16,6 +16,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from mlstack_ds import buildspec
+from mlstack_ds.buildjobs import BuildConcurrency, plan_concurrency
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.versions import major_minor
 from mlstack_ds.errors import EnvironmentProblem, UsageError
@@ -23,6 +24,13 @@ from mlstack_ds.targets import cuda_arch_list, refuse_targets_torch_lacks, selec
 from mlstack_ds.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX, Toolchain, hint_from
 
 PLAN_SCHEMA = 1
+# How many compiles run at once, and whether they go through ccache, change how fast the wheel is built,
+# not what is in it: these variables are not part of the cache key, and nodes that differ only in them
+# share a wheel.
+CONCURRENCY_VARIABLES = frozenset({"MAX_JOBS", "DS_ENABLE_NINJA", "HIPCC_COMPILE_FLAGS_APPEND", "PYTORCH_NVCC"})
+# The patch that makes setuptools' parallel build_ext safe (one build directory per op); without it in
+# the series the ops build one after another.
+PARALLEL_OPS_PATCH = "setup-one-build-dir-per-op.patch"
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class BuildPlan:
     cache_key: str
     notes: tuple[str, ...] = field(default_factory=tuple)
     targets_source: str = ""  # ROCm: "flag" (--arch), "environment" (PYTORCH_ROCM_ARCH) or "detected"
+    concurrency: BuildConcurrency | None = None  # compiles at once (buildjobs); None: one op at a time
 
     @property
     def built_ops(self) -> tuple[str, ...]:
@@ -89,6 +98,7 @@ def make_plan(
     options: PlanOptions,
     *,
     cpu_count: int | None = None,
+    mem_available: int | None = None,
 ) -> BuildPlan:
     """Decide the whole build, or refuse early with the fix in the message."""
     torch = environment.torch
@@ -146,22 +156,28 @@ def make_plan(
             on, reason = False, f"skipped: libaio headers not found ({hint_from(LIBAIO_FIX)})"
         decisions.append(OpDecision(op.name, op.flag, on, reason))
         env[op.flag] = "1" if on else "0"
-    jobs = options.jobs or max(1, cpu_count if cpu_count is not None else (os.cpu_count() or 1))
-    env["MAX_JOBS"] = str(jobs)
-    path_prepend = (toolchain.ccache_dir,) if toolchain.ccache_dir else ()
-    if not toolchain.ninja:
-        notes.append("ninja not found: ops compile one file at a time (pip install ninja makes it faster)")
-
     source_pin = options.source_pin or (
         (recipe.git.commit or "git:unpinned") if options.source == "git" else recipe.sdist.sha256)
     patch_refs = tuple(patches) if options.patches else ()
+    concurrency = _concurrency(options, toolchain, patch_refs, platform, decisions, archs=archs,
+                               cpu_count=cpu_count, mem_available=mem_available, notes=notes)
+    env["MAX_JOBS"] = str(concurrency.jobs_per_op)
+    if toolchain.ninja:
+        env["DS_ENABLE_NINJA"] = "1"  # DeepSpeed's setup.py compiles prebuilt ops without ninja otherwise
+    if concurrency.archs_at_once > 1:
+        env["HIPCC_COMPILE_FLAGS_APPEND"] = f"-parallel-jobs={concurrency.archs_at_once}"
+    if platform == "rocm" and toolchain.ccache and toolchain.hipcc and "PYTORCH_NVCC" not in environment.env:
+        # torch leaves hipcc out of its own ccache wrapping; PYTORCH_NVCC is its way to name the device
+        # compiler command of ninja builds.
+        env["PYTORCH_NVCC"] = f"{toolchain.ccache} {toolchain.hipcc}"
+    path_prepend = (toolchain.ccache_dir,) if toolchain.ccache_dir else ()
     pip_args = ("-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir")
     key_material = {
         # The pin is the content, whichever way it arrives (PyPI, a URL or a file with the same sha256 are
         # one tree); the kind of source is not part of the key.
         "schema": PLAN_SCHEMA, "deepspeed": recipe.version, "source_pin": source_pin,
         "patches": [asdict(p) for p in patch_refs], "platform": platform,
-        "archs": archs, "env": {k: v for k, v in env.items() if k != "MAX_JOBS"},
+        "archs": archs, "env": {k: v for k, v in env.items() if k not in CONCURRENCY_VARIABLES},
         "torch": torch.version, "torch_hip": torch.hip, "torch_cuda": torch.cuda,
         "python": major_minor(environment.python.version),
     }
@@ -172,8 +188,27 @@ def make_plan(
         archs=archs, wavefront=wavefront, ops=tuple(decisions), env=dict(sorted(env.items())),
         path_prepend=path_prepend, target_python=environment.python.executable,
         python_version=environment.python.version, torch_version=torch.version, pip_wheel_args=pip_args,
-        cache_key=cache_key, notes=tuple(notes), targets_source=targets_source,
+        cache_key=cache_key, notes=tuple(notes), targets_source=targets_source, concurrency=concurrency,
     )
+
+
+def _concurrency(options: PlanOptions, toolchain: Toolchain, patch_refs: Sequence[PatchRef], platform: str,
+                 decisions: Sequence[OpDecision], *, archs: Sequence[str], cpu_count: int | None,
+                 mem_available: int | None, notes: list[str]) -> BuildConcurrency:
+    """The compile budget split over ops/archs/sources; what limits it goes into the notes."""
+    safe = bool(toolchain.ninja) and any(p.name.endswith(PARALLEL_OPS_PATCH) for p in patch_refs)
+    built = sum(1 for op in decisions if op.build)
+    concurrency = plan_concurrency(
+        requested=options.jobs, cpus=cpu_count if cpu_count is not None else (os.cpu_count() or 1),
+        mem_available=mem_available, platform=platform, ops=built, archs=len(archs), parallel_ops=safe)
+    if not toolchain.ninja:
+        notes.append("ninja not found: ops build one after another, one file at a time "
+                     "(pip install ninja makes it faster)")
+    elif not safe and built > 1:
+        notes.append(f"ops build one after another: the series lacks *-{PARALLEL_OPS_PATCH}")
+    if concurrency.warning:
+        notes.append(concurrency.warning)
+    return concurrency
 
 
 def _refuse_wrong_torch(environment: Environment) -> None:
@@ -221,6 +256,9 @@ def _refuse_old_rocm(environment: Environment, min_rocm: str) -> None:
 def plan_env(plan: BuildPlan, base: Mapping[str, str]) -> dict[str, str]:
     """The build's environment: the caller's, with the plan's variables and PATH additions on top."""
     env = {**base, **plan.env}
+    appended = base.get("HIPCC_COMPILE_FLAGS_APPEND", "").strip()
+    if appended and "HIPCC_COMPILE_FLAGS_APPEND" in plan.env:  # keep the user's own hipcc flags
+        env["HIPCC_COMPILE_FLAGS_APPEND"] = f"{appended} {plan.env['HIPCC_COMPILE_FLAGS_APPEND']}"
     if plan.path_prepend:
         env["PATH"] = os.pathsep.join([*plan.path_prepend, base.get("PATH", "")])
     return env

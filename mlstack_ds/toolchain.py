@@ -42,6 +42,7 @@ class Toolchain:
     ccache_dir: str | None
     libaio_headers: bool
     python_headers: bool | None = None  # Python.h of the target interpreter; None when unknown
+    ccache: str | None = None  # the ccache executable: hipcc goes through it by name (PYTORCH_NVCC)
 
 
 def probe_toolchain(
@@ -60,6 +61,7 @@ def probe_toolchain(
         ccache_dir=ccache,
         libaio_headers=has_libaio_headers(environ),
         python_headers=(Path(python_include) / "Python.h").is_file() if python_include else None,
+        ccache=_path_str(which("ccache", path=path)) if ccache else None,
     )
 
 

@@ -194,7 +194,7 @@ def _plan(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python: Pa
     environment = detect(environ=environ, python=python)
     toolchain = probe_toolchain(environ, rocm_root, environment.python.include_dir)
     # The fake host has no ccache: its masquerade links would put a real cache in front of the stand-ins.
-    toolchain = dataclasses.replace(toolchain, ccache_dir=None)
+    toolchain = dataclasses.replace(toolchain, ccache_dir=None, ccache=None)
     patches = [PatchRef(p.name, p.sha256) for p in series_for_recipe(recipe).patches] if spec.patches else []
     archs = parse_arch_option(spec.archs) if spec.archs is not None else None
     plan = make_plan(environment, recipe, toolchain, patches,
