@@ -13,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from mlstack_ds.build import BuildProgress
+from mlstack_ds.buildjobs import BuildConcurrency
 from mlstack_ds.cli.options import (
     DEFAULT_RECIPE,
     DEFAULT_SOURCE,
@@ -304,6 +305,7 @@ def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
     head += [
         ("python", f"{plan.target_python} (torch {plan.torch_version})"),
         ("cache key", plan.cache_key),
+        *([("compiles", describe_concurrency(plan.concurrency))] if plan.concurrency else []),
         ("build env", " ".join(f"{key}={value}" for key, value in plan.env.items())),
     ]
     print_records(console, ("", ""), head, keyed=True)
@@ -312,6 +314,15 @@ def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
                   title="ops")
     for note in plan.notes:
         output.warn(escape(note))
+
+
+def describe_concurrency(c: BuildConcurrency) -> str:
+    """`4 at once: 2 ops x 2 files (bounded by cpus)`: what `--jobs` became, and why not more."""
+    parts = [f"{c.ops_at_once} op{'s' if c.ops_at_once > 1 else ''}",
+             f"{c.jobs_per_op} file{'s' if c.jobs_per_op > 1 else ''}"]
+    if c.archs_at_once > 1:
+        parts.append(f"{c.archs_at_once} archs")
+    return f"{c.processes} at once: {' x '.join(parts)} (bounded by {c.limit})"
 
 
 @contextlib.contextmanager

@@ -234,3 +234,46 @@ def test_cache_key_tracks_what_changes_the_wheel(fake_machine, bare_python) -> N
                             PlanOptions(archs=("gfx1101",))).cache_key
     newer_torch = dataclasses.replace(environment, torch=dataclasses.replace(ROCM_TORCH, version="2.7.0+rocm6.3"))
     assert key != make_plan(newer_torch, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions()).cache_key
+
+
+PARALLEL_PATCHES = [*PATCHES, PatchRef("0019-setup-one-build-dir-per-op.patch", "b" * 64)]
+
+
+def test_a_multi_arch_rocm_build_runs_ops_archs_and_files_at_once_through_ccache(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx90a_4xMI210_rocm-issue-4563.txt", ROCM_TORCH)
+    recipe = find_recipe("deepspeed-0.19.5")
+    cached = dataclasses.replace(FULL_TOOLCHAIN, ccache_dir="/usr/lib/ccache", ccache="/usr/bin/ccache")
+    archs = parse_arch_option("gfx90a,gfx942")
+    plan = make_plan(environment, recipe, cached, PARALLEL_PATCHES, PlanOptions(archs=archs, jobs=64),
+                     mem_available=256 * 1024**3)
+    assert plan.concurrency is not None
+    ops = len(plan.built_ops)
+    assert (plan.concurrency.ops_at_once, plan.concurrency.archs_at_once) == (ops, 2)
+    assert plan.env["DS_ENABLE_NINJA"] == "1" and plan.env["MAX_JOBS"] == str(plan.concurrency.jobs_per_op)
+    assert plan.env["HIPCC_COMPILE_FLAGS_APPEND"] == "-parallel-jobs=2"
+    assert plan.env["PYTORCH_NVCC"] == "/usr/bin/ccache /opt/rocm/bin/hipcc"  # torch leaves hipcc unwrapped
+    assert plan.to_dict()["concurrency"]["ops_at_once"] == ops
+    # How fast it is built is not what is built: the same wheel, the same cache entry.
+    slow = make_plan(environment, recipe, FULL_TOOLCHAIN, PARALLEL_PATCHES, PlanOptions(archs=archs, jobs=1))
+    assert slow.concurrency is not None and slow.concurrency.processes == 1
+    assert "PYTORCH_NVCC" not in slow.env and slow.cache_key == plan.cache_key
+
+
+def test_ops_build_one_after_another_without_ninja_or_the_patch(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx90a_4xMI210_rocm-issue-4563.txt", ROCM_TORCH)
+    recipe = find_recipe("deepspeed-0.19.5")
+    no_patch = make_plan(environment, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions(jobs=8))
+    assert no_patch.concurrency is not None and no_patch.concurrency.ops_at_once == 1
+    assert any("lacks *-setup-one-build-dir-per-op.patch" in note for note in no_patch.notes)
+    no_ninja = make_plan(environment, recipe, dataclasses.replace(FULL_TOOLCHAIN, ninja=None), PARALLEL_PATCHES,
+                         PlanOptions(jobs=8))
+    assert no_ninja.concurrency is not None and no_ninja.concurrency.ops_at_once == 1
+    assert "DS_ENABLE_NINJA" not in no_ninja.env and any("ninja not found" in n for n in no_ninja.notes)
+
+
+def test_more_jobs_than_memory_allows_is_clamped_with_the_reason(fake_machine, bare_python) -> None:
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx90a_4xMI210_rocm-issue-4563.txt", ROCM_TORCH)
+    plan = make_plan(environment, find_recipe("deepspeed-0.19.5"), FULL_TOOLCHAIN, PARALLEL_PATCHES,
+                     PlanOptions(jobs=32), mem_available=9 * 1024**3)
+    assert plan.concurrency is not None and plan.concurrency.jobs == 4 and plan.concurrency.processes <= 4
+    assert any(note.startswith("--jobs 32 needs about 64 GiB") and note.endswith("using 4") for note in plan.notes)
