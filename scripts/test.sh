@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite on a fresh machine: install what the tests need, then lint and pytest.
 #   scripts/test.sh [pytest args...]
-# Installs: Debian packages the tests use (git, hipcc for compile-only HIP checks, build tools, and
+# Installs: Debian packages the tests use (git, hipcc for compile-only HIP checks, build tools with ccache, and
 # sshd, pdsh, iproute2 for the two-host multi-node tests),
 # a test venv (.venv-test, or $MLSTACK_TEST_VENV) with the tool, its test extras and the CPU
 # PyTorch 2.13.0 from this machine's pip. Safe to re-run; never prompts.
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV=${MLSTACK_TEST_VENV:-.venv-test}
-APT_PACKAGES=(git hipcc rocminfo build-essential ninja-build python3-dev libaio-dev
+APT_PACKAGES=(git hipcc rocminfo build-essential ninja-build ccache python3-dev libaio-dev
               openssh-server openssh-client pdsh iproute2 procps util-linux)
 TORCH_SPEC=${MLSTACK_TEST_TORCH:-torch==2.13.0}
 # DeepSpeed 0.19.5's runtime requirements (requirements/requirements.txt, torch aside): the patch tests run
@@ -37,6 +37,9 @@ fi
 "$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC" "${DEEPSPEED_DEPS[@]}"
 
 "$VENV/bin/ruff" check mlstack_ds tests scripts
+# Compiles are cached with the other test downloads and builds: one cold build per source, shared by the
+# tests that rebuild (and by the next run on this machine), never mixed with the user's own cache.
+export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/test/ccache}
 set +e
 "$VENV/bin/python" -m pytest "$@"
 rc=$?

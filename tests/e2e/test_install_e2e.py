@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -178,6 +179,15 @@ def test_disk_full_build_fails_cleanly(installed_target: Target, tmp_path: Path)
     assert "error: building DeepSpeed failed" in result.stderr and "full log:" in result.stderr
     assert "Traceback" not in result.stderr
     assert installed_target.status() == before
+    # Ops build at once (patch 0019): the first op to fail is named, with its own log, and the build
+    # stops there: no op links after it, no compiler is left running.
+    failed = re.search(r"failed in op (\w+): .*\n.*the op's log: (\S+);", result.stderr)
+    assert failed, result.stderr[-2000:]
+    op_log = Path(failed.group(2))
+    assert op_log.name == f"{failed.group(1)}.log" and f"{failed.group(1)}_op" in op_log.read_text()
+    full_log = op_log.parent.with_suffix(".log").read_text()
+    assert "extension failed" in full_log.rstrip().splitlines()[-1]  # the build was stopped right there
+    assert processes_mentioning(str(cache / "tmp")) == []
 
 
 def test_rollback_then_reinstall_from_cache(installed_target: Target) -> None:
