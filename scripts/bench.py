@@ -2,6 +2,7 @@
 """Benchmarks of what users wait for. Subcommands live in their own modules (scripts/bench_<name>.py).
 
     python scripts/bench.py install [--json-out FILE] [--markdown-out FILE]
+    python scripts/bench.py build [--ops OP,...] [--json-out FILE] [--markdown-out FILE]
     python scripts/bench.py verify [--python PY --jit-python PY] [--json-out FILE]
     python scripts/bench.py verify --python PY --added CHECK,... [--runs N] [--json-out FILE]
     python scripts/bench.py rehearsal [--source SDIST] [--repeat N] [--json-out FILE]
@@ -14,8 +15,8 @@ import importlib
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = {"install": "bench_install", "verify": "bench_verify", "rehearsal": "bench_rehearsal",
-               "multinode": "bench_multinode"}
+SUBCOMMANDS = {"install": "bench_install", "build": "bench_build", "verify": "bench_verify",
+               "rehearsal": "bench_rehearsal", "multinode": "bench_multinode"}
 
 
 def main() -> int:
