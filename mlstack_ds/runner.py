@@ -189,6 +189,23 @@ def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: 
     return proc
 
 
+def session_members(session: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """Processes whose session id is `session` (field 6 of /proc/<pid>/stat); none where /proc is absent."""
+    members = []
+    with contextlib.suppress(OSError):
+        for entry in proc_root.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+                fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)", which may hold spaces
+                if int(fields[3]) == session:
+                    members.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return members
+
+
 def _timed_out(args: tuple[str, ...], timeout: float) -> ToolTimedOut:
     return ToolTimedOut(
         f"{Path(args[0]).name} did not finish within {timeout:g} s",
@@ -233,9 +250,17 @@ def run_streaming(
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Kill the child and everything it started (it leads its own session)."""
+    """Kill the child and everything it started (it leads its own session).
+
+    Its process group is not enough: ninja starts each compile in a process group of its own, so a
+    build killed by group leaves its compilers running. They stay in the child's session, so every
+    process of that session is killed too.
+    """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     try:
         proc.communicate(timeout=5)
     except (subprocess.TimeoutExpired, ValueError):

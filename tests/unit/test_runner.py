@@ -42,6 +42,16 @@ def test_timeout_kills_grandchildren(tmp_path: Path) -> None:
     assert_gone(int(pid_file.read_text()))
 
 
+def test_timeout_kills_grandchildren_in_process_groups_of_their_own(tmp_path: Path) -> None:
+    """ninja starts every compile in a process group of its own (as `set -m` does for a shell's jobs):
+    killing the child's group alone left the compilers of a stopped build running."""
+    pid_file = tmp_path / "pid"
+    with pytest.raises(ToolTimedOut):
+        run(["/bin/bash", "-c", f"set -m; /bin/sleep 300 & echo $! > {pid_file}; wait"], timeout=1)
+    pid = int(pid_file.read_text())
+    assert_gone(pid)
+
+
 def test_background_result_holds_output_larger_than_a_pipe() -> None:
     with run_in_background(["/bin/sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' x; echo done >&2"],
                            timeout=30) as pending:
