@@ -3,12 +3,15 @@
 
   scripts/rehearse_rocm_build.py --rocminfo CAPTURE [--rocm 6.4.1] [--torch 2.13.0] [--json]
   scripts/rehearse_rocm_build.py --matrix [--write-docs] [--jobs 2] [--json]
+  scripts/rehearse_rocm_build.py --rocminfo CAPTURE --arch gfx1100,gfx1030 --parallel-plan [--unit-seconds H,D,L]
 
 One rehearsal plans the install `mlstack-ds install` would make on the machine CAPTURE describes (a
 saved `rocminfo` output), then runs our build stage for real (fetch, patch, `pip wheel` of DeepSpeed's
 setup.py) with torch reporting a ROCm build and hipcc/g++ only recording their command lines; see
 mlstack_ds/rehearsal. `--matrix` runs the rows of mlstack_ds/rehearsal/matrix.py and `--write-docs`
-regenerates docs/rocm-build-matrix.md from them.
+regenerates docs/rocm-build-matrix.md from them. `--parallel-plan` adds, for one rehearsal, its compile
+units and the build time it should take on 1, 16 and 64 cores as our plan runs it (worked out from the
+recorded compiles and a time per unit: mlstack_ds/rehearsal/parallel.py).
 
 Exit codes: 0 every rehearsal built and is sound, 1 a bug, 2 bad usage, 3 the machine is refused,
 6 a rehearsal failed to build or broke a rule (the violations are listed; in the matrix, a refused row
@@ -26,6 +29,7 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -33,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from mlstack_ds.errors import MlstackError, UsageError  # noqa: E402
 from mlstack_ds.recipe import find_recipe  # noqa: E402
 from mlstack_ds.rehearsal.matrix import ROWS, matrix_markdown, rocminfo_text, spec_for  # noqa: E402
+from mlstack_ds.rehearsal.parallel import UnitTimes, compile_units, estimate  # noqa: E402
 from mlstack_ds.rehearsal.run import RehearsalResult, RehearsalSpec, rehearse, violations  # noqa: E402
 from mlstack_ds.source.cache import default_cache_dir  # noqa: E402
 from mlstack_ds.source.fetch import parse_source_spec  # noqa: E402
@@ -41,6 +46,10 @@ CAPTURES = REPO / "tests" / "fixtures" / "real"
 EXTRA_CAPTURES = REPO / "tests" / "patches" / "fixtures"  # the no-GPU capture of this CI machine
 DOCS = REPO / "docs" / "rocm-build-matrix.md"
 STUBS = REPO / "tests" / "patches" / "hip" / "stub"  # device-side stand-ins for host-only headers
+# Seconds per compile unit for --parallel-plan: a host C++ file of a DeepSpeed op (torch's extension
+# headers, -O3), measured here: 1054 s of CPU for the 21 files of the five CPU ops (docs/benchmarks.md).
+# One offload arch of a hipcc file cannot be measured without ROCm: taken as long as a host file.
+DEFAULT_UNIT_SECONDS = "50,50,2"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -73,11 +82,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(default: hipcc on PATH, e.g. Debian's)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--verbose", action="store_true", help="print every recorded compile line")
+    parser.add_argument("--parallel-plan", action="store_true",
+                        help="print the compile units and the expected build time on 1, 16 and 64 cores")
+    parser.add_argument("--unit-seconds", default=DEFAULT_UNIT_SECONDS, metavar="HOST,DEVICE,LINK",
+                        help=f"seconds per host file, per offload arch of a hipcc file, per link "
+                        f"(default {DEFAULT_UNIT_SECONDS})")
     args = parser.parse_args(argv)
     if args.write_docs and not args.matrix:
         parser.error("--write-docs needs --matrix")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if args.parallel_plan and args.matrix:
+        parser.error("--parallel-plan is for one rehearsal, not --matrix")
+    try:
+        args.unit_times = UnitTimes(*(float(v) for v in args.unit_seconds.split(",")))
+    except (TypeError, ValueError):
+        parser.error(f"--unit-seconds {args.unit_seconds!r}: expected three numbers, e.g. {DEFAULT_UNIT_SECONDS}")
     return args
 
 
@@ -124,6 +144,8 @@ def main(argv: list[str]) -> int:
         results = [one(single_spec(args))]
     for result in results:
         _report(result, args.json, args.verbose)
+    if args.parallel_plan and results[0].ops:
+        _parallel_plan(results[0], args.unit_times, sys.stderr if args.json else sys.stdout)
     if args.json:
         document = [r.to_dict() for r in results] if args.matrix else results[0].to_dict()
         print(json.dumps(document, indent=2))
@@ -157,6 +179,22 @@ def _report(result: RehearsalResult, quiet: bool, verbose: bool) -> None:
             print("    " + shlex.join(record.argv), file=out)
     for problem in violations(result):
         print(f"  VIOLATION: {problem}", file=out)
+
+
+def _parallel_plan(result: RehearsalResult, times: UnitTimes, out: TextIO) -> None:
+    hip = [c for op in result.ops.values() for c in op.compiles if c.is_hip]
+    archs = max((len(c.offload_archs) for c in hip), default=0)
+    print(f"parallel plan: {len(result.ops)} ops, {sum(len(op.compiles) for op in result.ops.values())} "
+          f"compiles ({len(hip)} hipcc x {archs} archs), {compile_units(result.ops)} compile units; "
+          f"{times.host:g} s per host file, {times.device_per_arch:g} s per arch of a hipcc file, "
+          f"{times.link:g} s per link", file=out)
+    print("| cores | ops at once | files per op | archs at once | build (s) | speed-up |", file=out)
+    print("|---|---|---|---|---|---|", file=out)
+    for cores in (1, 16, 64):
+        e = estimate(result.ops, times, cores)
+        c = e.concurrency
+        print(f"| {cores} | {c.ops_at_once} | {c.jobs_per_op} | {c.archs_at_once} | {e.seconds:.0f} | "
+              f"{e.speedup:.1f}x |", file=out)
 
 
 def _sigterm_as_interrupt(_signum: int, _frame: object) -> None:
