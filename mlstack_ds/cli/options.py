@@ -55,7 +55,9 @@ Sha256Option = Annotated[str | None, typer.Option("--sha256", help="Expected sha
 ArchOption = Annotated[str | None, typer.Option(
     "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. Default: $PYTORCH_ROCM_ARCH, else the detected "
     "discrete GPUs.")]
-JobsOption = Annotated[int | None, typer.Option("--jobs", help="Parallel compile jobs (MAX_JOBS). Default: CPUs.")]
+JobsOption = Annotated[int | None, typer.Option(
+    "--jobs", help="Compiles at once, split over ops, files and ROCm archs; clamped to what memory allows "
+    "(1 GiB per C++ compile, 2 GiB per hipcc arch). Default: the CPUs.")]
 CacheDirOption = Annotated[Path | None, typer.Option(
     "--cache-dir", help="Downloads, sources and wheels (default $XDG_CACHE_HOME/mlstack-ds).")]
 NoPatchesOption = Annotated[bool, typer.Option("--no-patches", help="Build upstream as released, unpatched.")]
