@@ -6,16 +6,17 @@ one op's sources in parallel (ninja, `MAX_JOBS`) leaves most cores idle; several
 for every `--offload-arch`, which clang can do in parallel (`-parallel-jobs`).
 
 The rule, in `docs/benchmarks.md` ("Cold builds in parallel"):
-- the budget is `--jobs` (default: the CPUs), clamped so that every compile running at once has its
-  memory: `MEMORY_PER_COMPILE` per compile process, per offload arch on ROCm;
-- ops at once = min(budget, ops); what is left for each op goes first to its archs (ROCm), then to its
-  sources (ninja), rounded up: a few extra processes keep the cores busy while small ops finish, and the
-  memory clamp still holds because the product is checked against it.
+- the budget is `--jobs` (default: the CPUs); up to twice that many compiler processes may exist, so
+  that an op left alone at the end (three ops on two cores) still has every core instead of one: while
+  all ops run, the kernel shares the cores among them, which costs little for compiles;
+- every process must have its memory: `MEMORY_PER_COMPILE` each (per offload arch on ROCm), so the
+  process count is clamped to what is available, and `--jobs` asking for more gets a warning;
+- ops at once = min(budget, ops); each op's share of the processes goes first to its archs (ROCm), then
+  to its files (ninja), never more files than the budget: `--jobs 1` is a sequential build.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ class BuildConcurrency:
 
     @property
     def processes(self) -> int:
-        """Compiler processes at the peak (can exceed `jobs` a little: see the module docstring)."""
+        """Compiler processes at the peak (up to twice `jobs`: see the module docstring)."""
         return self.ops_at_once * self.jobs_per_op * self.archs_at_once
 
 
@@ -62,24 +63,21 @@ def plan_concurrency(
     per_compile = MEMORY_PER_COMPILE.get(platform, 1 * GIB)
     arch_count = max(1, archs) if platform == "rocm" else 1
     budget, limit = (requested, "--jobs") if requested else (max(1, cpus), "cpus")
+    processes = 2 * budget if budget > 1 else 1
     warning = ""
     if mem_available is not None:
         by_memory = max(1, (mem_available - MEMORY_RESERVE) // per_compile)
+        if by_memory < budget and requested:
+            warning = (f"--jobs {requested} needs about {requested * per_compile / GIB:.0f} GiB "
+                       f"({per_compile / GIB:.0f} GiB per compile) but {mem_available / GIB:.1f} GiB is "
+                       f"available: using {by_memory}")
         if by_memory < budget:
-            if requested:
-                warning = (f"--jobs {requested} needs about {requested * per_compile / GIB:.0f} GiB "
-                           f"({per_compile / GIB:.0f} GiB per compile) but {mem_available / GIB:.1f} GiB is "
-                           f"available: using {by_memory}")
             budget, limit = by_memory, "memory"
-    ops_at_once = max(1, min(budget, ops)) if parallel_ops else 1
-    per_op = math.ceil(budget / ops_at_once)
+        processes = min(processes, by_memory)
+    ops_at_once = max(1, min(budget, ops, processes)) if parallel_ops else 1
+    per_op = max(1, processes // ops_at_once)
     archs_at_once = min(arch_count, per_op)
-    jobs_per_op = max(1, math.ceil(per_op / archs_at_once))
-    # Rounding up may not break the memory bound: give back sources first, then archs.
-    while limit == "memory" and ops_at_once * jobs_per_op * archs_at_once > budget and jobs_per_op > 1:
-        jobs_per_op -= 1
-    while limit == "memory" and ops_at_once * jobs_per_op * archs_at_once > budget and archs_at_once > 1:
-        archs_at_once -= 1
+    jobs_per_op = max(1, min(budget, per_op // archs_at_once))
     return BuildConcurrency(budget, ops_at_once, jobs_per_op, archs_at_once, limit, warning)
 
 

@@ -5,8 +5,9 @@ how long the build takes on 16 or 64 cores cannot be measured here. What can be 
 compile is one unit, a hipcc compile is one unit per `--offload-arch` (clang compiles the device code once
 per target). Given a time per unit, the build is simulated as our plan runs it (buildjobs): `ops_at_once`
 ops on setuptools' threads in submission order, each op's files on `jobs_per_op` ninja slots (longest
-first), each hipcc file's archs `archs_at_once` at a time, then the op's link. The speed-up is the
-one-core time over that makespan, so it depends on the units' relative times, not on the machine.
+first), each hipcc file's archs `archs_at_once` at a time, then the op's link; and never faster than the
+work divided by the cores (the plan may start more compilers than cores). The speed-up is the one-core
+time over that, so it depends on the units' relative times, not on the machine.
 """
 
 from __future__ import annotations
@@ -79,4 +80,5 @@ def estimate(ops: Mapping[str, OpBuild], times: UnitTimes, cores: int) -> Parall
         seconds = _op_seconds(_file_seconds(op, times, concurrency.archs_at_once), concurrency.jobs_per_op,
                               times.link)
         heapq.heapreplace(threads, threads[0] + seconds)
-    return ParallelEstimate(cores, concurrency, compile_units(ops), one_core, max(threads))
+    # The plan may start up to twice as many compilers as cores; they then share the cores.
+    return ParallelEstimate(cores, concurrency, compile_units(ops), one_core, max(*threads, one_core / cores))

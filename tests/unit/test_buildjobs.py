@@ -10,31 +10,33 @@ from mlstack_ds.buildjobs import GIB, MEMORY_RESERVE, plan_concurrency, read_mem
 
 
 @pytest.mark.parametrize(("cpus", "ops", "archs", "platform", "expected"), [
-    # (ops at once, jobs per op, archs at once)
-    (2, 5, 0, "cpu", (2, 1, 1)),  # this machine: two ops compile side by side, one file each
-    (2, 1, 0, "cpu", (1, 2, 1)),  # one op: ninja takes both cores
-    (16, 12, 3, "rocm", (12, 1, 2)),  # a workstation: every op at once, two of three archs per file
-    (64, 12, 3, "rocm", (12, 2, 3)),  # a node: all archs at once, two files per op
+    # (ops at once, files per op, archs at once)
+    (2, 5, 0, "cpu", (2, 2, 1)),  # this machine: two ops side by side; one left alone still has both cores
+    (2, 1, 0, "cpu", (1, 2, 1)),  # one op: ninja takes both cores, never more files than the budget
+    (16, 10, 3, "rocm", (10, 1, 3)),  # a workstation: every op at once, each file's three archs at once
+    (64, 10, 3, "rocm", (10, 4, 3)),  # a node: and four files per op
     (64, 1, 1, "rocm", (1, 64, 1)),
     (8, 0, 0, "cpu", (1, 8, 1)),  # nothing to build: no division by zero
+    (1, 5, 0, "cpu", (1, 1, 1)),  # one core: sequential
 ])
 def test_budget_split(cpus: int, ops: int, archs: int, platform: str, expected: tuple[int, int, int]) -> None:
     c = plan_concurrency(requested=None, cpus=cpus, mem_available=None, platform=platform, ops=ops, archs=archs)
     assert (c.ops_at_once, c.jobs_per_op, c.archs_at_once) == expected
     assert c.jobs == cpus and c.limit == "cpus" and not c.warning
-    # Rounding up may run a few more processes than cores, never more than one extra per op.
-    assert c.processes < cpus + max(1, c.ops_at_once) * c.archs_at_once
+    assert c.processes <= 2 * cpus and c.jobs_per_op <= cpus
 
 
 def test_jobs_option_is_the_budget() -> None:
     c = plan_concurrency(requested=3, cpus=64, mem_available=None, platform="cpu", ops=5, archs=0)
-    assert (c.jobs, c.ops_at_once, c.jobs_per_op, c.limit) == (3, 3, 1, "--jobs")
+    assert (c.jobs, c.ops_at_once, c.jobs_per_op, c.limit) == (3, 3, 2, "--jobs")
+    one = plan_concurrency(requested=1, cpus=64, mem_available=None, platform="rocm", ops=5, archs=3)
+    assert one.processes == 1  # --jobs 1 is the sequential build
 
 
 def test_without_ninja_or_the_patch_ops_build_one_after_another() -> None:
     c = plan_concurrency(requested=None, cpus=8, mem_available=None, platform="rocm", ops=5, archs=2,
                          parallel_ops=False)
-    assert (c.ops_at_once, c.jobs_per_op, c.archs_at_once) == (1, 4, 2)
+    assert (c.ops_at_once, c.jobs_per_op, c.archs_at_once) == (1, 8, 2)
 
 
 def test_memory_clamps_the_default_quietly_and_a_jobs_option_with_a_warning() -> None:
