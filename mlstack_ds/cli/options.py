@@ -56,8 +56,9 @@ ArchOption = Annotated[str | None, typer.Option(
     "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. Default: $PYTORCH_ROCM_ARCH, else the detected "
     "discrete GPUs.")]
 JobsOption = Annotated[int | None, typer.Option(
-    "--jobs", help="Compiles at once, split over ops, files and ROCm archs; clamped to what memory allows "
-    "(1 GiB per C++ compile, 2 GiB per hipcc arch). Default: the CPUs.")]
+    "--jobs", help="The compile budget, split over ops, files and ROCm archs (up to twice as many compilers, "
+    "so an op left alone keeps every core); clamped to what memory allows (1 GiB per C++ compile, 2 GiB per "
+    "hipcc arch). 1: one compile at a time. Default: the CPUs.")]
 CacheDirOption = Annotated[Path | None, typer.Option(
     "--cache-dir", help="Downloads, sources and wheels (default $XDG_CACHE_HOME/mlstack-ds).")]
 NoPatchesOption = Annotated[bool, typer.Option("--no-patches", help="Build upstream as released, unpatched.")]
