@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 1024**3
-# Peak resident memory of one compiler process. g++ on a DeepSpeed op (torch's extension headers):
-# measured 0.32 GiB here (cpu_adam, -O3); 1 GiB leaves room for bigger ops and other compilers. hipcc:
-# one clang process per offload arch holds the whole device module; ROCm's own guidance for building
-# PyTorch is MAX_JOBS ~ RAM/2 GiB, so 2 GiB per arch compile.
-MEMORY_PER_COMPILE = {"cpu": 1 * GIB, "cuda": 2 * GIB, "rocm": 2 * GIB}
+# Peak resident memory of one compiler process. g++ on DeepSpeed's CPU ops (torch's extension headers,
+# -O3 -g): 0.9 GiB for cpu_adam (ps), 2.1 GiB for the largest process of a hand build of all five CPU ops
+# (/usr/bin/time). hipcc: one clang process per offload arch holds the whole device module; ROCm's advice
+# for building PyTorch is MAX_JOBS ~ RAM / 2 GiB. So 2 GiB per compile process, per arch on ROCm.
+MEMORY_PER_COMPILE = {"cpu": 2 * GIB, "cuda": 2 * GIB, "rocm": 2 * GIB}
 # Memory kept for everything else on the machine while the build runs.
 MEMORY_RESERVE = 1 * GIB
 
@@ -60,7 +60,7 @@ def plan_concurrency(
     """Split the compile budget over ops, archs and sources. `parallel_ops` is False without ninja:
     torch's non-ninja compile swaps the shared compiler's executable per `.cu` file, which is not
     thread-safe, so ops then build one after another."""
-    per_compile = MEMORY_PER_COMPILE.get(platform, 1 * GIB)
+    per_compile = MEMORY_PER_COMPILE.get(platform, 2 * GIB)
     arch_count = max(1, archs) if platform == "rocm" else 1
     budget, limit = (requested, "--jobs") if requested else (max(1, cpus), "cpus")
     processes = 2 * budget if budget > 1 else 1

@@ -57,8 +57,8 @@ ArchOption = Annotated[str | None, typer.Option(
     "discrete GPUs.")]
 JobsOption = Annotated[int | None, typer.Option(
     "--jobs", help="The compile budget, split over ops, files and ROCm archs (up to twice as many compilers, "
-    "so an op left alone keeps every core); clamped to what memory allows (1 GiB per C++ compile, 2 GiB per "
-    "hipcc arch). 1: one compile at a time. Default: the CPUs.")]
+    "so an op left alone keeps every core); clamped to what memory allows (2 GiB per "
+    "compile, per arch for hipcc). 1: one compile at a time. Default: the CPUs.")]
 CacheDirOption = Annotated[Path | None, typer.Option(
     "--cache-dir", help="Downloads, sources and wheels (default $XDG_CACHE_HOME/mlstack-ds).")]
 NoPatchesOption = Annotated[bool, typer.Option("--no-patches", help="Build upstream as released, unpatched.")]
