@@ -240,10 +240,13 @@ def _repo_from_archive(cache: Cache, sha256: str, recipe: Recipe,
         root = extract_archive(archive, staging / "x")
         check_deepspeed_tree(root, recipe, archive.name)
         commit = import_tree(root, _import_message(recipe), FetchError)
-        if entry.exists():  # an invalid leftover entry (e.g. damaged by hand)
+        # A leftover that is not a repo (damaged by hand) goes; a valid entry is another fetch's, which won
+        # the race and may be cloning from it right now: `publish` keeps it (the import is deterministic,
+        # so it holds the same commit).
+        if entry.exists() and repo_head(entry) is None:
             shutil.rmtree(entry)
         publish(root, entry)
-    return entry, commit
+    return entry, repo_head(entry) or commit
 
 
 def _archive_entry(cache: Cache, sha256: str) -> Path:

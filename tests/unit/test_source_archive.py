@@ -103,3 +103,27 @@ def _assert_nothing_left(cache: Path, dest: Path) -> None:
     assert list((cache / "repos").iterdir()) == []
     assert list((cache / "tmp").iterdir()) == []
     assert not [p for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}.partial-")]
+
+
+def test_a_fetch_that_lost_the_race_keeps_the_winners_repo(tmp_path: Path) -> None:
+    """Two fetches of one archive at once (the rehearsal matrix runs two builds at once on a cold cache):
+    the one that finishes second used to delete the first one's published repo, while the first was
+    cloning from it (`fatal: failed to copy file to .../objects/17/...: No such file or directory`).
+    Here the second fetch runs to the end inside the first one's archive download, as it did then."""
+    from mlstack_ds.source.cache import Cache
+    from mlstack_ds.source.fetch import _repo_from_archive
+
+    archive = _tar(tmp_path / "deepspeed-0.19.5.tar.gz", GOOD_FILES)
+    sha = _sha(archive)
+    cache = Cache.open(tmp_path / "cache")
+    won: dict[str, object] = {}
+
+    def download_while_another_fetch_finishes() -> Path:
+        won["entry"], won["commit"] = _repo_from_archive(cache, sha, find_recipe(), lambda: archive)
+        won["inode"] = (Path(str(won["entry"])) / ".git").stat().st_ino
+        return archive
+
+    entry, commit = _repo_from_archive(cache, sha, find_recipe(), download_while_another_fetch_finishes)
+    assert (entry, commit) == (won["entry"], won["commit"])
+    assert (entry / ".git").stat().st_ino == won["inode"]  # the winner's repo, never deleted and replaced
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
