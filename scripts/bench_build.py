@@ -31,6 +31,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from bench_install import bench_venv
+
 REPO = Path(__file__).resolve().parents[1]
 VERSION = "0.19.5"
 ONE_OP_PATCH = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
@@ -127,12 +129,7 @@ def main(argv: list[str]) -> int:
     ops = args.ops.split(",") if args.ops else None
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp_name:
         tmp = Path(tmp_name)
-        venv = tmp / "venv"
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        python = str(venv / "bin" / "python")
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "torch==2.13.0", "setuptools", "wheel", "ninja",
-                        "numpy", "packaging", "py-cpuinfo", "psutil", "pydantic>=2", "hjson", "msgpack", "tqdm",
-                        "einops"], check=True)
+        python = bench_venv(tmp / "venv")
         cold_recipe = recipe_copy(tmp / "data-cold", ops, None)
         rebuild_recipe = recipe_copy(tmp / "data-rebuild", ops, ONE_OP_PATCH)
         cli = [sys.executable, "-m", "mlstack_ds", "install", "--no-verify", "--python", python,

@@ -37,6 +37,16 @@ def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None =
     return time.monotonic() - started
 
 
+def bench_venv(venv: Path) -> str:
+    """A fresh venv with the pinned CPU torch and DeepSpeed's build requirements; its interpreter."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "torch==2.13.0", "setuptools", "wheel", "ninja",
+                    "numpy", "packaging", "py-cpuinfo", "psutil", "pydantic>=2", "hjson", "msgpack", "tqdm",
+                    "einops"], check=True)
+    return python
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench.py install", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json-out", type=Path, help="write the results as JSON here")
@@ -44,12 +54,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-install-") as tmp_name:
         tmp = Path(tmp_name)
-        venv = tmp / "venv"
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        python = str(venv / "bin" / "python")
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "torch==2.13.0", "setuptools", "wheel", "ninja",
-                        "numpy", "packaging", "py-cpuinfo", "psutil", "pydantic>=2", "hjson", "msgpack", "tqdm",
-                        "einops"], check=True)
+        python = bench_venv(tmp / "venv")
         results: dict[str, float] = {}
         sdist_dir = tmp / "sdist"
         started = time.monotonic()
