@@ -33,11 +33,11 @@ class Record:
 
     @property
     def source(self) -> str | None:
-        """The translation unit: the argument after `-c` (setuptools puts it there), else the last file."""
+        """The translation unit: the first operand after `-c`. setuptools puts it right there; torch's ninja
+        rule writes `-c -c <source>` (its cflags carry a `-c` of their own)."""
         args = list(self.argv)
-        if "-c" in args and args.index("-c") + 1 < len(args):
-            return args[args.index("-c") + 1]
-        return None
+        after_c = args[args.index("-c") + 1:] if "-c" in args else []
+        return next((a for a in after_c if not a.startswith("-")), None)
 
     @property
     def is_hip(self) -> bool:

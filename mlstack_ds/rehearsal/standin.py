@@ -43,7 +43,8 @@ def syntax_check():
         return None
     keep = [a for a in ARGS if a.startswith(("-I", "-D", "-U", "-std=", "-include"))]
     archs = [a for a in ARGS if a.startswith("--offload-arch=")]
-    source = ARGS[ARGS.index("-c") + 1]
+    # The first operand after `-c`: torch's ninja rule writes `-c -c <source>`.
+    source = next(a for a in ARGS[ARGS.index("-c") + 1:] if not a.startswith("-"))
     stubs = os.environ.get("MLSTACK_REHEARSAL_SYNTAX_STUBS", "")
     argv = [hipcc, *archs[:1], "-nogpulib", "--cuda-device-only", "-fsyntax-only", "-D__HIP_PLATFORM_AMD__=1",
             *([f"-I{stubs}"] if stubs else []), *keep, source]
