@@ -1,4 +1,5 @@
-"""Session fixtures for the ZeRO-3 race test: pristine and patched DeepSpeed 0.19.5 source trees.
+"""Session fixtures for the ZeRO-3 race test: pristine and patched DeepSpeed 0.19.5 source trees, and the
+second pin (0.19.8) unpatched: upstream fixed the race there (our backports 0001-0003 reverse-apply).
 
 Both are imported from source (PYTHONPATH) by the test venv's interpreter, so CI never pip-installs
 DeepSpeed twice. The patched tree gets the shipped series through the tool's own patch engine.
@@ -29,4 +30,12 @@ def patched_deepspeed_tree(pristine_tree_template: Path, tmp_path_factory: pytes
     tree = tmp_path_factory.mktemp("ds-patched") / "deepspeed-0.19.5"
     shutil.copytree(pristine_tree_template, tree, symlinks=True)
     apply_series(tree, series_for_recipe(find_recipe("deepspeed-0.19.5")))
+    return tree
+
+
+@pytest.fixture(scope="session")
+def next_unpatched_deepspeed_tree(next_pristine_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the second pin's tree, with no patch at all."""
+    tree = tmp_path_factory.mktemp("ds-next-unpatched") / next_pristine_tree.name
+    shutil.copytree(next_pristine_tree, tree, symlinks=True)
     return tree

@@ -1,4 +1,5 @@
-"""The ZeRO-3 loss race on two CPU ranks: the unpatched 0.19.5 tree shows it, the patched one does not.
+"""The ZeRO-3 loss race on two CPU ranks: the unpatched 0.19.5 tree shows it, the patched one does not,
+and the second pin (0.19.8) does not either with no patch at all (upstream has the fixes we backport).
 
 Runs scripts/stress_zero3.py against both source trees with the test venv's interpreter. A *run* is
 one fresh ZeRO-3 engine trained for 30 steps beside a plain torch.optim.Adam copy; five runs share a
@@ -43,6 +44,16 @@ def stress(tree: Path, launches: int, extensions: Path, *extra: str) -> dict:
 @pytest.mark.slow
 def test_patched_tree_trains_like_plain_adam(patched_deepspeed_tree: Path, tmp_path: Path) -> None:
     summary = stress(patched_deepspeed_tree, 2, tmp_path / "torch_extensions")
+    assert summary["failed"] == 0, summary["outcomes"]
+    assert summary["corrupted_engines"] == 0, [o["deviation"] for o in summary["outcomes"]]
+    assert summary["judged"] * summary["engines_per_run"] == 10
+
+
+@pytest.mark.slow
+def test_the_second_pin_trains_like_plain_adam_unpatched(next_unpatched_deepspeed_tree: Path, tmp_path: Path) -> None:
+    """Why 0.19.8's series carries no 0001-0003: the same 10 engines, pristine 0.19.8, none corrupted."""
+    summary = stress(next_unpatched_deepspeed_tree, 2, tmp_path / "torch_extensions")
+    assert summary["deepspeed"].startswith("deepspeed 0.19.8 "), summary["deepspeed"]
     assert summary["failed"] == 0, summary["outcomes"]
     assert summary["corrupted_engines"] == 0, [o["deviation"] for o in summary["outcomes"]]
     assert summary["judged"] * summary["engines_per_run"] == 10
