@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rehearse DeepSpeed's real ROCm build on this machine (no GPU, no ROCm needed): print what would be compiled.
 
-  scripts/rehearse_rocm_build.py --rocminfo CAPTURE [--rocm 6.4.1] [--torch 2.13.0] [--json]
+  scripts/rehearse_rocm_build.py --rocminfo CAPTURE [--rocm 6.4.1] [--torch 2.13.0] [--recipe 0.19.8] [--json]
   scripts/rehearse_rocm_build.py --matrix [--write-docs] [--jobs 2] [--json]
   scripts/rehearse_rocm_build.py --rocminfo CAPTURE --arch gfx1100,gfx1030 --parallel-plan [--unit-seconds H,D,L]
 
@@ -72,7 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the user's environment on that machine, e.g. PYTORCH_ROCM_ARCH=gfx90a")
     parser.add_argument("--no-patches", action="store_true", help="build pristine DeepSpeed")
     parser.add_argument("--all-ops", action="store_true", help="DS_BUILD_OPS=1 instead of the plan's op list")
-    parser.add_argument("--source", default="pypi", help="pypi (default), or a local sdist/tree")
+    parser.add_argument("--recipe", default=None, metavar="NAME|VERSION",
+                        help="the pin to rehearse (default: the default pin); matrix rows name their own")
+    parser.add_argument("--source", default=None,
+                        help="pypi (default), or a local sdist/tree of the pin; the matrix fetches each row's "
+                        "pinned sdist from the package index (cached)")
     parser.add_argument("--python", type=Path, default=Path(sys.executable),
                         help="build interpreter with torch installed (default: this one)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="download cache (default: mlstack-ds's)")
@@ -90,6 +94,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.write_docs and not args.matrix:
         parser.error("--write-docs needs --matrix")
+    if args.matrix and (args.source or args.recipe):
+        parser.error("--source and --recipe are for one rehearsal: each matrix row names its pin")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if args.parallel_plan and args.matrix:
@@ -122,21 +128,21 @@ def single_spec(args: argparse.Namespace) -> RehearsalSpec:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    recipe = find_recipe("deepspeed-0.19.5")
-    source = parse_source_spec(args.source)
     cache = args.cache_dir or default_cache_dir()
 
     def status(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    def one(spec: RehearsalSpec) -> RehearsalResult:
+    def one(spec: RehearsalSpec, recipe_name: str | None = args.recipe) -> RehearsalResult:
+        recipe = find_recipe(recipe_name) if recipe_name else find_recipe()
+        source = parse_source_spec(args.source or "pypi")
         return rehearse(spec, recipe, source, python=args.python, fetch_cache=cache, status=status)
 
     if args.matrix:
         hipcc = args.syntax_hipcc or shutil.which("hipcc")
         specs = [spec_for(row, find_capture, hipcc, STUBS) for row in ROWS]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            results = list(pool.map(one, specs))
+            results = list(pool.map(one, specs, [row.recipe for row in ROWS]))
         if args.write_docs:
             DOCS.write_text(matrix_markdown(ROWS, results))
             status(f"wrote {DOCS}")

@@ -95,15 +95,32 @@ def build_target_venv(sdist: Path, flags: Mapping[str, str], cache_dir: Path) ->
     shutil.rmtree(final, ignore_errors=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ds-src-") as src:
-        make_venv(final, TORCH_PIN, *DEEPSPEED_RUNTIME_DEPS)
-        pip = [str(final / "bin" / "python"), "-m", "pip", "install", "-q"]
-        with tarfile.open(sdist) as tar:
-            tar.extractall(src, filter="data")
-        (tree,) = Path(src).iterdir()
-        _run([*pip, "--no-build-isolation", "--no-deps", str(tree)], env={**os.environ, **flags})
+    wheel = built_wheel(sdist, flags, cache_dir)
+    make_venv(final, TORCH_PIN, *DEEPSPEED_RUNTIME_DEPS)
+    _run([str(final / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)])
     marker.write_text(json.dumps(dict(flags), sort_keys=True) + "\n")
     return TargetVenv(final, time.monotonic() - started)
+
+
+def built_wheel(sdist: Path, flags: Mapping[str, str], cache_dir: Path) -> Path:
+    """DeepSpeed's wheel as plain pip builds it from `sdist` with `flags` (setup.py run by the test venv's
+    interpreter, which has the pinned torch): built once and cached, so the targets that need a
+    pip-installed DeepSpeed install the same wheel in seconds instead of each running setup.py."""
+    final = cache_dir / "wheels" / cache_key(sdist, flags)
+    found = sorted(final.glob("deepspeed-*.whl"))
+    if found:
+        return found[0]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ds-src-", dir=final.parent) as work:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work, filter="data")
+        (tree,) = (p for p in Path(work).iterdir() if p.is_dir())
+        out = Path(work) / "wheel"
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", str(out),
+              str(tree)], env={**os.environ, **flags})
+        shutil.rmtree(final, ignore_errors=True)
+        out.rename(final)  # atomic: a wheel directory is complete or absent
+    return next(final.glob("deepspeed-*.whl"))
 
 
 def make_venv(path: Path, *requirements: str) -> Path:

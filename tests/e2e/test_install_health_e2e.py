@@ -5,15 +5,14 @@ Every test leaves `installed_target` installed and intact for the tests after it
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 from e2e_support import Target
-from target_env import DEEPSPEED_RUNTIME_DEPS, NO_OPS_FLAGS, TORCH_PIN, make_venv
+from target_env import DEEPSPEED_RUNTIME_DEPS, NO_OPS_FLAGS, TORCH_PIN, built_wheel, make_venv
+from target_env import test_cache_dir as shared_test_cache  # not named test_*: pytest would collect it
 
 from mlstack_ds.integrity import check_files, parse_record
 from mlstack_ds.receipt import receipt_path
@@ -113,15 +112,14 @@ def installed_files(python: Path) -> dict[str, str]:
 
 def test_foreign_deepspeed_is_kept_and_restored_by_rollback(installed_target: Target, deepspeed_sdist: Path,
                                                             tmp_path: Path) -> None:
-    """Plain `pip install deepspeed==0.19.5 --no-deps` (the PyPI sdist, DS_BUILD_OPS=0), replaced by our
-    install, then put back by `rollback` byte for byte, without the package index."""
+    """Plain `pip install --no-deps` of DeepSpeed 0.19.5 as pip builds it from the PyPI sdist
+    (DS_BUILD_OPS=0; the wheel the no-ops target is made from), replaced by our install, then put back by
+    `rollback` byte for byte, without the package index."""
     venv = make_venv(tmp_path / "foreign", TORCH_PIN, *DEEPSPEED_RUNTIME_DEPS)
     python = venv / "bin" / "python"
-    with tarfile.open(deepspeed_sdist) as archive:
-        archive.extractall(tmp_path / "src", filter="data")
-    pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                          str(tmp_path / "src" / "deepspeed-0.19.5")], capture_output=True, text=True,
-                         timeout=1800, env={**os.environ, **NO_OPS_FLAGS})
+    wheel = built_wheel(deepspeed_sdist, NO_OPS_FLAGS, shared_test_cache())
+    pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)],
+                         capture_output=True, text=True, timeout=1800)
     assert pip.returncode == 0, pip.stderr[-3000:]
     theirs = installed_files(python)
     target = Target(venv, installed_target.cache)

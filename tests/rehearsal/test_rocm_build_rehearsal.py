@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from target_env import DS_NEXT_SDIST_SHA256, DS_NEXT_VERSION, DS_VERSION, cached_deepspeed_sdist
 
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.rehearsal.matrix import GFX1100, ROWS, Row, matrix_markdown, rocminfo_text, spec_for
@@ -58,16 +59,20 @@ PRISTINE = {
 
 @pytest.fixture(scope="session")
 def rehearsals(deepspeed_sdist: Path, fetch_cache: Path) -> dict[str, RehearsalResult]:
-    """Every matrix row and the pristine rehearsals, run once, two at a time (2 cores)."""
-    recipe = find_recipe("deepspeed-0.19.5")
-    source = parse_source_spec(str(deepspeed_sdist))
+    """Every matrix row (each with its pin's sdist and series) and the pristine rehearsals, run once, two at
+    a time (2 cores)."""
+    sdists = {DS_VERSION: deepspeed_sdist, DS_NEXT_VERSION: cached_deepspeed_sdist(DS_NEXT_VERSION,
+                                                                                   DS_NEXT_SDIST_SHA256)}
     specs = [spec_for(row, find_capture, HIPCC, STUBS) for row in ROWS] + list(PRISTINE.values())
+    recipes = [row.recipe for row in ROWS] + [f"deepspeed-{DS_VERSION}"] * len(PRISTINE)
 
-    def one(spec: RehearsalSpec) -> RehearsalResult:
+    def one(spec: RehearsalSpec, recipe_name: str) -> RehearsalResult:
+        recipe = find_recipe(recipe_name)
+        source = parse_source_spec(str(sdists[recipe.version]))
         return rehearse(spec, recipe, source, python=Path(sys.executable), fetch_cache=fetch_cache)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(one, specs))
+        results = list(pool.map(one, specs, recipes))
     return {r.spec.name: r for r in results}
 
 
@@ -107,6 +112,8 @@ def plan_has_libaio(result: RehearsalResult) -> bool:
     ("mi300x-build-host-rocm7.0-torch2.14", ("gfx942",), 64, "flag"),
     ("rx9070-build-host-rocm7.0-torch2.13", ("gfx1201",), 32, "environment"),
     ("gfx1100+gfx1030-rocm7.0-torch2.12", ("gfx1100", "gfx1030"), 32, "detected"),
+    ("rx7900xtx-rocm6.4-torch2.13-ds0.19.8", ("gfx1100",), 32, "detected"),
+    ("mi300x-build-host-rocm7.0-torch2.14-ds0.19.8", ("gfx942",), 64, "flag"),
 ])
 def test_targets_and_wavefront_per_machine(rehearsals, row, archs, wave, source):
     result = rehearsals[row]
@@ -121,7 +128,8 @@ def test_targets_and_wavefront_per_machine(rehearsals, row, archs, wave, source)
 @pytest.mark.parametrize(("row", "std"), [("rx7900xtx-rocm6.2-torch2.11", "c++17"),
                                           ("rx7900xtx-rocm6.4-torch2.13", "c++20"),
                                           ("mi210x4-rocm6.4-torch2.12", "c++20"),
-                                          ("mi300x-build-host-rocm7.0-torch2.14", "c++20")])
+                                          ("mi300x-build-host-rocm7.0-torch2.14", "c++20"),
+                                          ("mi300x-build-host-rocm7.0-torch2.14-ds0.19.8", "c++20")])
 def test_deepspeed_gives_every_compile_the_standard_of_its_torch(rehearsals, row, std):
     """Where DeepSpeed chooses the standard (CUDAOpBuilder's cxx_args() and nvcc_args()) it follows torch
     (patch 0015); where it gives none (fused_adam/lamb/lion on hipcc, utils, pin_memory), torch's

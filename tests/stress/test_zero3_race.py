@@ -51,12 +51,14 @@ def test_patched_tree_trains_like_plain_adam(patched_deepspeed_tree: Path, tmp_p
 
 @pytest.mark.slow
 def test_the_second_pin_trains_like_plain_adam_unpatched(next_unpatched_deepspeed_tree: Path, tmp_path: Path) -> None:
-    """Why 0.19.8's series carries no 0001-0003: the same 10 engines, pristine 0.19.8, none corrupted."""
-    summary = stress(next_unpatched_deepspeed_tree, 2, tmp_path / "torch_extensions")
+    """Why 0.19.8's series carries no 0001-0003: pristine 0.19.8, no engine corrupted. One launch of 5
+    engines is enough here: with the race, 0.8 of engines are corrupted, so all 5 clean by chance has
+    probability 0.2**5 = 0.03 %."""
+    summary = stress(next_unpatched_deepspeed_tree, 1, tmp_path / "torch_extensions")
     assert summary["deepspeed"].startswith("deepspeed 0.19.8 "), summary["deepspeed"]
     assert summary["failed"] == 0, summary["outcomes"]
     assert summary["corrupted_engines"] == 0, [o["deviation"] for o in summary["outcomes"]]
-    assert summary["judged"] * summary["engines_per_run"] == 10
+    assert summary["judged"] * summary["engines_per_run"] == 5
 
 
 @pytest.mark.slow
