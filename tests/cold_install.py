@@ -1,10 +1,12 @@
-"""The session's one cold `mlstack-ds install`, started in the background when the session begins.
+"""The session's cold `mlstack-ds install`s, started in the background when the session begins: the default
+pin's, and the second pin's (DeepSpeed 0.19.8) after it, one build at a time.
 
 The cold build compiles for minutes, several ops at once (buildjobs: up to four compilers on two cores).
 It runs at a lower priority (nice 10), so the rest of the suite, running meanwhile, keeps the cores it
 needs and its time-outs mean what they say; the build takes what is left. The tests that need the
 installed target are moved to the end of the run (tests/conftest.py), and the first of them waits for the
-install here.
+install here. The second pin's install waits for the first to finish (two builds at once would only halve
+each other's cores) and overlaps the default pin's tests; its own tests run last.
 """
 
 from __future__ import annotations
@@ -21,14 +23,18 @@ from e2e_support import Target
 from target_env import CLIENT_PACKAGES, TORCH_PIN, make_venv
 
 INSTALLED_TARGET_FIXTURE = "installed_target"
+INSTALLED_NEXT_TARGET_FIXTURE = "installed_next_target"
 
 
 class BackgroundInstall:
     """Make the target venv (torch pinned, plus the Hugging Face clients verify's hf_trainer check uses),
     then run `mlstack-ds install --json` into it, on a daemon thread; `wait()` returns the result."""
 
-    def __init__(self, venv: Path, cache: Path) -> None:
+    def __init__(self, venv: Path, cache: Path, install_args: tuple[str, ...] = (),
+                 after: BackgroundInstall | None = None) -> None:
         self.target = Target(venv, cache)
+        self._install_args = install_args
+        self._after = after
         self._thread = threading.Thread(target=self._run, name="cold-install", daemon=True)
         self._proc: subprocess.Popen[str] | None = None
         self._stopped = threading.Event()
@@ -44,9 +50,14 @@ class BackgroundInstall:
 
     def _run(self) -> None:
         try:
+            if self._after is not None:
+                self._after._thread.join()
+                self.started_at = time.monotonic()
+                if self._stopped.is_set():
+                    return
             make_venv(self.target.venv, TORCH_PIN, *CLIENT_PACKAGES)
             argv = ["nice", "-n", "10", sys.executable, "-m", "mlstack_ds", "install", "--python",
-                    self.target.python, "--cache-dir", str(self.target.cache), "--json"]
+                    self.target.python, "--cache-dir", str(self.target.cache), *self._install_args, "--json"]
             if self._stopped.is_set():
                 return
             self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

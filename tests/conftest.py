@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cold_install import INSTALLED_TARGET_FIXTURE, BackgroundInstall
+from cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, BackgroundInstall
 from e2e_support import Target
 from target_env import (
     DS_NEXT_SDIST_SHA256,
@@ -50,13 +50,19 @@ GIT_IDENTITY = {
 }
 
 
+def needs_fixture(item: pytest.Item, name: str) -> bool:
+    return name in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on the cold-installed target run last, so the install (started at the first test) overlaps
-    everything else; their relative order is kept."""
-    needs = [item for item in items if INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ())]
-    if needs:
-        others = [item for item in items if INSTALLED_TARGET_FIXTURE not in getattr(item, "fixturenames", ())]
-        items[:] = others + needs
+    """Tests on the cold-installed targets run last, so the installs (started at the first test) overlap
+    everything else: the default pin's, then the second pin's, whose install overlaps the default pin's
+    tests. Relative order is kept within each group."""
+    next_pin = [item for item in items if needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE)]
+    default_pin = [item for item in items
+                   if needs_fixture(item, INSTALLED_TARGET_FIXTURE) and item not in next_pin]
+    others = [item for item in items if item not in next_pin and item not in default_pin]
+    items[:] = others + default_pin + next_pin
 
 
 REUSED_TARGET_ENV = "MLSTACK_TEST_TARGET_VENV"
@@ -79,6 +85,24 @@ def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         yield None
         return
     install = BackgroundInstall(tmp_path_factory.mktemp("target") / "venv", e2e_cache).start()
+    yield install
+    install.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cold_install_next(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                      cold_install: BackgroundInstall | None):
+    """The second pin's cold `mlstack-ds install --deepspeed-version 0.19.8`, started when the first
+    install ends (or now, when no selected test needs the first); None when no selected test needs it.
+    Its own cache, so the default pin's tests that break or fill their cache never meet it (with
+    MLSTACK_E2E_CACHE set, the directory beside it named `<it>-next`, reused like it)."""
+    if not any(needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE) for item in request.session.items):
+        yield None
+        return
+    reused = os.environ.get("MLSTACK_E2E_CACHE")
+    cache = Path(f"{reused}-next") if reused else tmp_path_factory.mktemp("mlstack-cache-next")
+    install = BackgroundInstall(tmp_path_factory.mktemp("next-target") / "venv", cache,
+                                install_args=("--deepspeed-version", DS_NEXT_VERSION), after=cold_install).start()
     yield install
     install.stop()
 
@@ -147,6 +171,18 @@ def installed_target(cold_install: BackgroundInstall | None, e2e_cache: Path) ->
     assert document["action"] == "installed"
     assert document["verify"]["ok"] is True, document["verify"]  # install runs the whole verify suite
     return cold_install.target
+
+
+@pytest.fixture(scope="session")
+def installed_next_target(cold_install_next: BackgroundInstall | None) -> tuple[Target, dict]:
+    """The second pin (DeepSpeed 0.19.8, recipes/deepspeed-0.19.8.toml) installed by `mlstack-ds install`
+    into a venv like `installed_target`'s, and the install's `--json` document (plan, receipt, verify)."""
+    assert cold_install_next is not None, "tests/conftest.py starts the second pin's install for its tests"
+    result = cold_install_next.wait()
+    sys.stderr.write(f"\n[installed_next_target] cold install finished {cold_install_next.seconds:.0f} s after "
+                     "it started\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cold_install_next.target, json.loads(result.stdout)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# Loads each prebuilt op the way DeepSpeed does at first use (builder.load()), with JIT made impossible:
+# a missing prebuilt op would try to compile into TORCH_EXTENSIONS_DIR, which is a file here.
+FIRST_USE = """
+import json, sys, time
+from deepspeed.ops.op_builder.all_ops import ALL_OPS
+times = {}
+for name in sys.argv[1:]:
+    started = time.monotonic()
+    ALL_OPS[name].load()
+    times[name] = time.monotonic() - started
+print(json.dumps(times))
+"""
+
 
 @dataclass(frozen=True)
 class Target:

@@ -15,24 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_support import Target, processes_mentioning
+from e2e_support import FIRST_USE, Target, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
 PLANNED_OPS = {"cpu_adam", "fused_adam", "deepspeed_shm_comm", "async_io", "pin_memory"}
-
-# Loads each prebuilt op the way DeepSpeed does at first use (builder.load()), with JIT made impossible:
-# a missing prebuilt op would try to compile into TORCH_EXTENSIONS_DIR, which is a file here.
-FIRST_USE = """
-import json, sys, time
-from deepspeed.ops.op_builder.all_ops import ALL_OPS
-times = {}
-for name in sys.argv[1:]:
-    started = time.monotonic()
-    ALL_OPS[name].load()
-    times[name] = time.monotonic() - started
-print(json.dumps(times))
-"""
 
 
 def test_cold_install_prebuilds_exactly_the_planned_ops(installed_target: Target, tmp_path: Path) -> None:
