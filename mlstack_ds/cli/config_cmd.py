@@ -14,12 +14,12 @@ from rich.markup import escape
 from mlstack_ds.cli.options import JsonOption, PythonOption
 from mlstack_ds.config.hardware import detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
-from mlstack_ds.config.rules import Plan, make_plan
+from mlstack_ds.config.rules import AMD_SPECIFIC_SECTION, ORDER, Plan, config_for, make_plan
 from mlstack_ds.config.sizes import gib, parse_size
-from mlstack_ds.config.target import ask_estimates, validate_in_target
+from mlstack_ds.config.target import ask_target
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import UsageError
+from mlstack_ds.errors import MlstackError, UsageError
 
 CONFIG_HELP = (
     "Write a DeepSpeed config (ds_config.json) for MODEL on these GPUs: the lowest ZeRO stage that fits "
@@ -88,17 +88,24 @@ def register(app: typer.Typer) -> None:
         detected = [] if gpus is not None and vram_bytes is not None else detect_gpus()
         hardware = plan_hardware(detected, gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)
         target = resolve_python(python)
-        output.status(f"asking DeepSpeed in {target} for its estimates ...")
-        answer = ask_estimates(target, shape.params, shape.largest_layer_params, hardware.gpus_per_node,
-                               hardware.nodes)
+        output.status(f"asking DeepSpeed in {escape(str(target))} for its estimates and its verdict ...")
+        configs = [config_for(shape, hardware, placement, micro_batch=micro_batch, hf=hf, amd_specific=False)[0]
+                   for placement in ORDER]
+        answer = ask_target(target, params=shape.params, largest_layer_params=shape.largest_layer_params,
+                            gpus_per_node=hardware.gpus_per_node, nodes=hardware.nodes, configs=configs,
+                            amd_specific_section=AMD_SPECIFIC_SECTION if hardware.platform == "rocm" else None,
+                            hf=hf, micro_batch=micro_batch, hidden=shape.hidden)
         plan = make_plan(shape, hardware, answer.estimates, micro_batch=micro_batch, seq_len=seq_len,
                          amd_specific=answer.amd_specific, hf=hf)
-        checked = validate_in_target(target, plan.config, hf=hf, micro_batch=micro_batch,
-                                     world_size=hardware.world_size, hidden=shape.hidden)
+        checked = answer.validations[ORDER.index((plan.chosen.stage, plan.chosen.offload_optimizer,
+                                                  plan.chosen.offload_param))]
+        if checked.config != plan.config:  # the rules are pure: the same placement gives the same config
+            raise MlstackError("the config DeepSpeed parsed is not the one planned",
+                               hint="this is a bug in mlstack-ds; rerun with MLSTACK_DEBUG=1 and report it")
         if not checked.ok:
-            raise UsageError(f"DeepSpeed {answer.deepspeed} rejects the planned config at "
-                             f"{checked.key or 'an unknown key'}: {checked.message}",
-                             hint="this is a bug in mlstack-ds's config rules; please report it with --json")
+            raise MlstackError(f"DeepSpeed {answer.deepspeed} rejects the planned config at "
+                               f"{checked.key or 'an unknown key'}: {checked.message}",
+                               hint="this is a bug in mlstack-ds's config rules; please report it with --json")
         if explain:
             _explain(output, plan, shape.name, hardware.to_dict(), answer.deepspeed, checked.hf)
         text = json.dumps(plan.config, indent=2) + "\n"

@@ -197,24 +197,46 @@ def precision(hardware: Hardware) -> tuple[str, dict[str, Any], str]:
     return "fp16", section, f"{what}: fp16 with DeepSpeed's dynamic loss scaling"
 
 
+AMD_SPECIFIC_SECTION: dict[str, Any] = {"rocm_stream_priority": True, "rocm_mem_pool_init": True}
+
+
 def make_plan(model: ModelShape, hardware: Hardware, estimates: tuple[Estimate, ...], *, micro_batch: int,
               seq_len: int, amd_specific: bool, hf: bool) -> Plan:
     """The config and its reasons; `amd_specific`: the target's DeepSpeed has patch 0014's section."""
-    bucket, bucket_why = bucket_size(hardware)
-    # HF's "auto" fills reduce/prefetch buckets from the hidden size (trainer_config_finalize): plan with that.
-    reduce = model.hidden * model.hidden if hf else bucket
-    other = int(0.9 * model.hidden * model.hidden) if hf else bucket
-    found = candidates(model, hardware, estimates, micro_batch=micro_batch, seq_len=seq_len, buckets=(reduce, other))
+    found = candidates(model, hardware, estimates, micro_batch=micro_batch, seq_len=seq_len,
+                       buckets=planned_buckets(model, hardware, hf))
     chosen, placement_why = choose_placement(model, hardware, found)
-    choices = [Choice("zero_optimization.stage", chosen.stage, placement_why)]
+    config, choices = config_for(model, hardware, (chosen.stage, chosen.offload_optimizer, chosen.offload_param),
+                                 micro_batch=micro_batch, hf=hf, amd_specific=amd_specific)
+    notes = (f"activations assume no gradient checkpointing: {gib(chosen.activations)} at micro-batch "
+             f"{micro_batch} × {seq_len} tokens; checkpointing keeps only each layer's input",)
+    return Plan(config, (Choice("zero_optimization.stage", chosen.stage, placement_why), *choices), found, chosen,
+                notes)
 
-    zero: dict[str, Any] = {"stage": chosen.stage, "overlap_comm": True, "contiguous_gradients": True}
-    if chosen.offload_optimizer:
+
+def planned_buckets(model: ModelShape, hardware: Hardware, hf: bool) -> tuple[int, int]:
+    """(reduce, all-gather/prefetch) bucket elements: patch 0013's rule, or with --hf what the Trainer's
+    "auto" fills from the hidden size (trainer_config_finalize: hidden², 0.9 × hidden²)."""
+    if hf:
+        return model.hidden * model.hidden, int(0.9 * model.hidden * model.hidden)
+    bucket, _ = bucket_size(hardware)
+    return bucket, bucket
+
+
+def config_for(model: ModelShape, hardware: Hardware, placement: tuple[int, bool, bool], *, micro_batch: int,
+               hf: bool, amd_specific: bool) -> tuple[dict[str, Any], list[Choice]]:
+    """The config of one placement (stage, offload optimizer, offload parameters), with its reasons: the
+    CLI has DeepSpeed parse every placement's config in the same target start that estimates them."""
+    stage, offload_optimizer, offload_param = placement
+    bucket, bucket_why = bucket_size(hardware)
+    choices: list[Choice] = []
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         choices.append(Choice("zero_optimization.offload_optimizer.device", "cpu",
                               "the optimizer states (12 bytes/parameter) do not fit next to the model: DeepSpeed's "
                               "CPU Adam steps them in host RAM; pinned for faster copies"))
-    if chosen.offload_param:
+    if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         choices.append(Choice("zero_optimization.offload_param.device", "cpu",
                               "even the 16-bit parameters' partition does not fit: ZeRO-3 keeps them in host RAM "
@@ -232,7 +254,7 @@ def make_plan(model: ModelShape, hardware: Hardware, estimates: tuple[Estimate, 
     else:
         zero["reduce_bucket_size"] = bucket
         choices.append(Choice("zero_optimization.reduce_bucket_size", bucket, bucket_why))
-    if chosen.stage == 2:
+    if stage == 2:
         zero["allgather_bucket_size"] = bucket
         choices.append(Choice("zero_optimization.allgather_bucket_size", bucket, bucket_why))
     else:
@@ -273,19 +295,18 @@ def make_plan(model: ModelShape, hardware: Hardware, estimates: tuple[Estimate, 
     config["optimizer"] = {"type": "AdamW", "params": (
         {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"} if hf
         else {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01})}
-    choices.append(Choice("optimizer.type", "AdamW", "the estimators assume Adam's states (12 bytes/parameter); "
-                          + ("with offload DeepSpeed runs it as CPU Adam" if chosen.offload_optimizer else
-                             "set lr and the rest for your run") + ("; --hf: its params are \"auto\"" if hf else "")))
+    optimizer_why = "the estimators assume Adam's states (12 bytes/parameter); " + (
+        "with offload DeepSpeed runs it as CPU Adam" if offload_optimizer else "ZeRO partitions them")
+    optimizer_why += "; --hf: its params are \"auto\", the Trainer's" if hf else "; set lr and the rest for your run"
+    choices.append(Choice("optimizer.type", "AdamW", optimizer_why))
     config["zero_optimization"] = zero
 
     if hardware.platform == "rocm" and amd_specific:
-        config["amd_specific"] = {"rocm_stream_priority": True, "rocm_mem_pool_init": True}
+        config["amd_specific"] = dict(AMD_SPECIFIC_SECTION)
         choices.append(Choice("amd_specific", config["amd_specific"],
                               "the target's DeepSpeed has patch 0014: ZeRO's communication streams at the highest "
                               "priority, the bucket memory reserved at start instead of mid-step"))
     elif hardware.platform == "rocm":
         choices.append(Choice("amd_specific", None, "left out: the target's DeepSpeed is not patched (no patch "
                               "0014), and an unpatched DeepSpeed ignores the section silently"))
-    notes = (f"activations assume no gradient checkpointing: {gib(chosen.activations)} at micro-batch "
-             f"{micro_batch} × {seq_len} tokens; checkpointing keeps only each layer's input",)
-    return Plan(config, tuple(choices), found, chosen, notes)
+    return config, choices

@@ -10,7 +10,7 @@ prints one marked JSON line.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,8 +116,7 @@ def parse(config):
     local = {k: v for k, v in config.items() if k != "train_batch_size"}
     DeepSpeedConfig(local)
 
-def validate(req):
-    config = req["config"]
+def validate(req, config):
     result = {"ok": True}
     try:
         if req.get("hf"):
@@ -151,9 +150,17 @@ def _replace_auto(config):
         elif value == "auto":
             config.pop(key)
 
+def plan(req):
+    """Estimates, and DeepSpeed's verdict on every placement's config, in one start (imports take seconds)."""
+    doc = estimate(req)
+    section = req.get("amd_specific_section")
+    configs = [dict(c, amd_specific=section) if section and doc["amd_specific"] else c for c in req["configs"]]
+    doc["validations"] = [dict(validate(req, c), config=c) for c in configs]
+    return doc
+
 req = json.loads(sys.stdin.read())
 try:
-    answer(estimate(req) if req["mode"] == "estimate" else validate(req))
+    answer(plan(req) if req["mode"] == "plan" else validate(req, req["config"]))
 except ImportError as exc:
     answer({"missing": str(exc)})
 '''
@@ -171,18 +178,27 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class Validation:
+    ok: bool
+    key: str | None = None
+    message: str = ""
+    hf: str = ""  # what happened to the "auto" values
+    config: dict[str, Any] | None = None  # what was parsed (the planned config, plus amd_specific if the target has it)
+
+
+@dataclass(frozen=True)
 class TargetAnswer:
     estimates: tuple[Estimate, ...]
     deepspeed: str
     hip: str | None
     amd_specific: bool  # the target's DeepSpeed carries patch 0014 (the amd_specific section)
     transformers: bool
+    validations: tuple[Validation, ...]  # one per config sent, in order
 
 
 def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        result = run([python, "-c", SCRIPT], input_text=json.dumps(request), timeout=TARGET_TIMEOUT_S,
-                     env=None)
+        result = run([python, "-c", SCRIPT], input_text=json.dumps(request), timeout=TARGET_TIMEOUT_S)
     except ToolError as exc:
         raise EnvironmentProblem(f"the target interpreter {python} could not run: {exc.message}",
                                  hint="pass --python with the interpreter that has DeepSpeed") from exc
@@ -192,39 +208,45 @@ def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
                                  hint="check that DeepSpeed imports there: python -c 'import deepspeed'")
     answer: dict[str, Any] = json.loads(line[len(MARKER):])
     if "missing" in answer:
-        raise EnvironmentProblem(f"DeepSpeed's estimators cannot be imported in {python} ({answer['missing']})",
+        raise EnvironmentProblem(f"DeepSpeed cannot be imported in {python} ({answer['missing']})",
                                  hint="install DeepSpeed there first (mlstack-ds install), or pass --python")
     return answer
 
 
-def ask_estimates(python: Path, params: int, largest_layer_params: int, gpus_per_node: int,
-                  nodes: int) -> TargetAnswer:
-    """DeepSpeed's ZeRO-2/3 model-state estimates with and without CPU offload, and what the target has."""
-    answer = _ask(python, {"mode": "estimate", "params": params, "largest_layer_params": largest_layer_params,
-                           "gpus_per_node": gpus_per_node, "nodes": nodes})
+def _validation(answer: Mapping[str, Any]) -> Validation:
+    return Validation(bool(answer.get("ok")), answer.get("key"), str(answer.get("message", "")),
+                      str(answer.get("hf", "")), answer.get("config"))
+
+
+def _batch(micro_batch: int, world_size: int) -> dict[str, int]:
+    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+            "train_batch_size": micro_batch * world_size}
+
+
+def ask_target(python: Path, *, params: int, largest_layer_params: int, gpus_per_node: int, nodes: int,
+               configs: Sequence[Mapping[str, Any]], amd_specific_section: Mapping[str, Any] | None, hf: bool,
+               micro_batch: int, hidden: int) -> TargetAnswer:
+    """In one start of the target: DeepSpeed's ZeRO-2/3 model-state estimates with and without CPU offload,
+    and its parser's verdict on each of `configs` (with `amd_specific_section` added when the target's
+    DeepSpeed has the section)."""
+    world_size = gpus_per_node * nodes
+    answer = _ask(python, {"mode": "plan", "params": params, "largest_layer_params": largest_layer_params,
+                           "gpus_per_node": gpus_per_node, "nodes": nodes, "configs": [dict(c) for c in configs],
+                           "amd_specific_section": dict(amd_specific_section) if amd_specific_section else None,
+                           "hf": hf, "micro_batch": micro_batch, "world_size": world_size, "hidden": hidden,
+                           "batch": _batch(micro_batch, world_size)})
     rows = tuple(Estimate(int(r["stage"]), bool(r["offload_optimizer"]), bool(r["offload_param"]), int(r["gpu"]),
                           int(r["cpu"])) for r in answer["estimates"])
     return TargetAnswer(rows, str(answer["deepspeed"]), answer.get("hip"), bool(answer["amd_specific"]),
-                        bool(answer["transformers"]))
-
-
-@dataclass(frozen=True)
-class Validation:
-    ok: bool
-    key: str | None = None
-    message: str = ""
-    hf: str = ""  # what happened to the "auto" values
+                        bool(answer["transformers"]), tuple(_validation(v) for v in answer["validations"]))
 
 
 def validate_in_target(python: Path, config: Mapping[str, Any], *, hf: bool = False, micro_batch: int = 1,
                        world_size: int = 1, hidden: int = 0) -> Validation:
     """DeepSpeed's own parser on `config` (with `hf`, after transformers filled the "auto" values)."""
-    batch = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
-             "train_batch_size": micro_batch * world_size}
     answer = _ask(python, {"mode": "validate", "config": dict(config), "hf": hf, "micro_batch": micro_batch,
-                           "world_size": world_size, "hidden": hidden, "batch": batch})
-    return Validation(bool(answer.get("ok")), answer.get("key"), str(answer.get("message", "")),
-                      str(answer.get("hf", "")))
+                           "world_size": world_size, "hidden": hidden, "batch": _batch(micro_batch, world_size)})
+    return _validation(answer)
 
 
 def check_batch_keys(config: Mapping[str, Any], world_size: int, source: str) -> None:
