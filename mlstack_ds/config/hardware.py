@@ -61,7 +61,7 @@ def plan_hardware(gpus: list[GpuAgent], *, gpus_per_node: int | None, nodes: int
     vrams = [g.vram_bytes for g in gpus if g.vram_bytes]
     if vram is None:
         if not vrams:
-            raise UsageError("the GPUs' memory is unknown (no VRAM reported)",
+            raise UsageError("the GPUs' memory is unknown: no GPU reported its VRAM and no --vram",
                              hint="give it with --vram, e.g. --vram 24GiB")
         vram = min(vrams)
     if ram is None:
