@@ -82,11 +82,7 @@ def register(app: typer.Typer) -> None:
         shape = resolve_model(model, _count("--params", params), hidden, layers)
         vram_bytes = parse_size("--vram", vram) if vram is not None else None
         ram_bytes = parse_size("--ram", ram) if ram is not None else None
-        if gpus is not None or nodes != 1:
-            _positive("--gpus", gpus) if gpus is not None else None
-            _positive("--nodes", nodes)
-        detected = [] if gpus is not None and vram_bytes is not None else detect_gpus()
-        hardware = plan_hardware(detected, gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)
+        hardware = plan_hardware(detect_gpus(), gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)
         target = resolve_python(python)
         output.status(f"asking DeepSpeed in {escape(str(target))} for its estimates and its verdict ...")
         configs = [config_for(shape, hardware, placement, micro_batch=micro_batch, hf=hf, amd_specific=False)[0]
