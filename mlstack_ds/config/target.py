@@ -184,6 +184,7 @@ class Validation:
     message: str = ""
     hf: str = ""  # what happened to the "auto" values
     config: dict[str, Any] | None = None  # what was parsed (the planned config, plus amd_specific if the target has it)
+    filled: dict[str, Any] | None = None  # --hf with transformers: the config after the Trainer filled "auto"
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
 
 def _validation(answer: Mapping[str, Any]) -> Validation:
     return Validation(bool(answer.get("ok")), answer.get("key"), str(answer.get("message", "")),
-                      str(answer.get("hf", "")), answer.get("config"))
+                      str(answer.get("hf", "")), answer.get("config"), answer.get("hf_filled"))
 
 
 def _batch(micro_batch: int, world_size: int) -> dict[str, int]:
