@@ -82,3 +82,20 @@ def test_hf_auto_values_are_filled_the_way_the_trainer_does(no_ops_venv: TargetV
     assert stage3["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * hidden
     assert (stage3["train_micro_batch_size_per_gpu"], stage3["gradient_accumulation_steps"]) == (2, 1)
     assert stage3["bf16"]["enabled"] is True and stage3["optimizer"]["params"]["lr"] == 5e-5
+
+
+def test_verify_refuses_a_config_deepspeed_rejects_before_launching(tmp_path: Path, no_ops_venv: TargetVenv) -> None:
+    """hjson as DeepSpeed reads it (a comment), then DeepSpeed's verdict, named by key: no launch."""
+    import sys
+
+    config = tmp_path / "ds_config.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 1,\n // ours\n'
+                      ' "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}}\n')
+    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "verify", "--config", str(config), "--python",
+                             str(no_ops_venv.python)], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == (f"error: --config {config}: DeepSpeed rejects zero_optimization.offload_optimizer.device: "
+                        "Input should be 'none', 'cpu' or 'nvme'")
+    assert lines[1].startswith("hint: fix zero_optimization.offload_optimizer.device") and len(lines) == 2
+    assert "launching" not in result.stderr

@@ -246,3 +246,36 @@ def test_batch_keys_must_multiply_out() -> None:
     with pytest.raises(UsageError, match="train_batch_size 8 is not"):
         check_batch_keys({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
                           "gradient_accumulation_steps": 1}, 4, "x")
+
+
+# --- verify --config -------------------------------------------------------------------------------------
+
+def test_the_config_check_keeps_the_users_zero_and_precision_and_names_what_it_replaces() -> None:
+    from mlstack_ds.verify.worker import training
+    from mlstack_ds.verify.worker.config_checks import suite_config
+
+    planned = config_for(PRESETS["6.7b"], hardware(), (3, True, False), micro_batch=1, hf=False, amd_specific=True)[0]
+    config, replaced, precision = suite_config(planned)
+    assert config["zero_optimization"] == planned["zero_optimization"]  # stage, offload, buckets as given
+    assert config["amd_specific"] == planned["amd_specific"] and config["bf16"] == {"enabled": True}
+    assert precision == "bf16"
+    assert config["train_micro_batch_size_per_gpu"] == training.MICRO_BATCH and "train_batch_size" not in config
+    assert config["optimizer"]["params"]["lr"] == training.ADAM["lr"]
+    assert set(replaced) == {"train_micro_batch_size_per_gpu", "optimizer", "train_batch_size"}
+    hf = config_for(SMALL, hardware(arch="gfx1030"), (2, False, False), micro_batch=1, hf=True, amd_specific=False)[0]
+    config, replaced, precision = suite_config(hf, bf16_supported=True)
+    assert precision is None and config["fp16"]["enabled"] is False  # "auto" fp16: off (no GPU loss scaler)
+    assert "reduce_bucket_size" not in config["zero_optimization"]
+    assert "zero_optimization.reduce_bucket_size (auto: DeepSpeed's default)" in replaced
+
+
+def test_the_config_check_needs_a_config(tmp_path: Path) -> None:
+    import sys
+
+    from mlstack_ds.verify import launch
+    from mlstack_ds.verify.suite import VerifyOptions, run_verify
+
+    with pytest.raises(UsageError, match="the config check needs --config FILE"):
+        run_verify(VerifyOptions(python=Path(sys.executable), only="config"))
+    args = launch.worker_args(["config"], tmp_path, 60, "rid", ds_config=tmp_path / "ds.json")
+    assert args[-2:] == ["--ds-config", str(tmp_path / "ds.json")]
