@@ -173,3 +173,12 @@ def test_bad_input_is_one_error_line_with_a_hint(tmp_path: Path, bare_python: Pa
     assert len(lines) == 2 and lines[0].startswith("error:") and lines[1].startswith("hint:"), result.stderr
     assert message in lines[0]
     assert result.stdout == ""
+
+
+def test_a_target_without_deepspeed_is_an_environment_error(tmp_path: Path, bare_python: Path) -> None:
+    machine = rx_7900_xtx(tmp_path)
+    result = machine.run_cli("config", "350m", "--gpus", "2", "--python", str(bare_python), "--json")
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.splitlines()[-2].startswith(f"error: DeepSpeed cannot be imported in {bare_python}")
+    assert "mlstack-ds install" in result.stderr.splitlines()[-1]
+    assert json.loads(result.stdout)["error"]["exit_code"] == 3
