@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
     @app.command("config", help=CONFIG_HELP)
     def config_command(
         model: Annotated[str | None, typer.Argument(
-            metavar="[MODEL]", help="Preset (350m, 1.3b, 6.7b, 13b) or a Hugging Face config.json path.")] = None,
+            metavar="MODEL", help="Preset (350m, 1.3b, 6.7b, 13b) or a Hugging Face config.json path.")] = None,
         gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node (default: the detected ones).")]
         = None,
         nodes: Annotated[int, typer.Option("--nodes", help="Nodes.")] = 1,
