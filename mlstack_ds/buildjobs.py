@@ -83,9 +83,14 @@ def plan_concurrency(
 
 def read_mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     """MemAvailable in bytes (what can be used without swapping), or None where /proc is absent."""
+    return read_meminfo_bytes("MemAvailable", meminfo)
+
+
+def read_meminfo_bytes(field: str, meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """One /proc/meminfo field (`MemTotal`, `MemAvailable`) in bytes, or None where it is absent."""
     try:
         for line in meminfo.read_text(encoding="ascii", errors="replace").splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     BUILD = 6
     INSTALL = 7
     VERIFY = 8
+    DOES_NOT_FIT = 9  # `config`: the model does not fit these GPUs, even with offload
     INTERRUPTED = 130
     PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as other Unix tools)
 

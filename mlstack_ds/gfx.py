@@ -85,6 +85,16 @@ def lookup(arch: str) -> GpuTarget:
     return GpuTarget(arch, "unknown", wave, False, "", "", known=False)
 
 
+# Families whose matrix units compute bf16 natively: MI100 (CDNA1) onwards, RDNA3 (WMMA) onwards. Older
+# targets (GCN5, RDNA1/2) run bf16 emulated, slower than fp16, so `config` picks fp16 there.
+BF16_FAMILIES = frozenset({"CDNA1", "CDNA2", "CDNA3", "CDNA4", "RDNA3", "RDNA3.5", "RDNA4"})
+
+
+def supports_bf16(arch: str) -> bool:
+    """Whether the target computes bf16 natively (by its catalogued family; unknown targets: no)."""
+    return lookup(arch).family in BF16_FAMILIES
+
+
 def arch_from_override(value: str) -> str | None:
     """`HSA_OVERRIDE_GFX_VERSION=10.3.0` -> `gfx1030`; `9.0.10` -> `gfx90a` (minor/stepping are hex)."""
     parts = value.strip().split(".")

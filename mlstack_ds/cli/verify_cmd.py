@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mlstack_ds.cli.options import JsonOption, PythonOption
+from mlstack_ds.config.user_config import load_checked_config
 from mlstack_ds.console import make_output
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import VerifyFailed
@@ -43,11 +44,18 @@ def register(app: typer.Typer) -> None:
             "share this host's file system. See docs/multinode.md.")] = None,
         isolate: Annotated[bool, typer.Option("--isolate", help="One launch per check (slower; for triage).")]
         = False,
+        config: Annotated[Path | None, typer.Option(
+            "--config", metavar="FILE",
+            help="Your DeepSpeed config: the `config` check trains the suite's model under it (stage, offload, "
+            "precision, buckets as given) against the torch reference. DeepSpeed's parser judges it first; "
+            "a rejected key is an error before anything is launched. Alone, runs only that check.")] = None,
     ) -> None:
         output = make_output(json_output)
+        target = resolve_python(python)
+        ds_config = load_checked_config(config, target) if config is not None else None
         report = run_verify(
-            VerifyOptions(python=resolve_python(python), world_size=world_size, only=only, skip=skip, timeout_s=timeout,
-                          hostfile=hostfile, isolate=isolate),
+            VerifyOptions(python=target, world_size=world_size, only=only, skip=skip, timeout_s=timeout,
+                          hostfile=hostfile, isolate=isolate, ds_config=ds_config),
             status=output.status,
         )
         failure = None

@@ -78,8 +78,9 @@ def dict_raise_error_on_duplicate_keys(ordered_pairs: list[tuple[str, Any]]) -> 
     return d
 
 
-def read_ds_config(path: Path, python: str | Path | None = None) -> dict[str, Any]:
-    """The config at `path` as DeepSpeed would load it in `python`; every bad file is a UsageError."""
+def read_ds_config(path: Path, python: str | Path | None = None, option: str = "--ds-config") -> dict[str, Any]:
+    """The config at `path` as DeepSpeed would load it in `python`; every bad file is a UsageError naming
+    `option` (doctor's --ds-config, verify's --config)."""
     # Checked without reading, so a FIFO is read once, by the parser (DeepSpeed reads one too).
     try:
         if path.is_dir():
@@ -88,20 +89,20 @@ def read_ds_config(path: Path, python: str | Path | None = None) -> dict[str, An
         if not os.access(path, os.R_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as exc:
-        raise UsageError(f"--ds-config {path}: {exc.strerror or exc}", hint="pass a readable file") from exc
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}", hint="pass a readable file") from exc
     target = resolve_python(python)
     answer = _parse_in_target(target, path)
     if answer is None or not answer.get("hjson"):
-        config = _parse_strict_json(path, target)
+        config = _parse_strict_json(path, target, option)
     elif "error" in answer:
-        raise UsageError(f"--ds-config {path}: DeepSpeed cannot read it ({answer['error']})",
+        raise UsageError(f"{option} {path}: DeepSpeed cannot read it ({answer['error']})",
                          hint="fix the file; DeepSpeed reads configs with hjson (comments and trailing commas "
                          "are fine, duplicate keys are not)")
     else:
         config = answer.get("config")
     if not isinstance(config, dict):
         kind = "a list" if isinstance(config, list) else type(config).__name__
-        raise UsageError(f"--ds-config {path}: the top level is {kind}, DeepSpeed needs an object",
+        raise UsageError(f"{option} {path}: the top level is {kind}, DeepSpeed needs an object",
                          hint='a DeepSpeed config is one object: {"train_batch_size": 8, ...}')
     return config
 
@@ -127,15 +128,15 @@ def _parse_in_target(python: Path, path: Path) -> dict[str, Any] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def _parse_strict_json(path: Path, python: Path) -> Any:
+def _parse_strict_json(path: Path, python: Path, option: str = "--ds-config") -> Any:
     try:
         text = path.read_text(encoding="utf-8")
         return json.loads(text, object_pairs_hook=dict_raise_error_on_duplicate_keys)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise UsageError(
-            f"--ds-config {path}: not strict JSON ({exc}), and {python} has no hjson to read it as DeepSpeed does",
+            f"{option} {path}: not strict JSON ({exc}), and {python} has no hjson to read it as DeepSpeed does",
             hint="install DeepSpeed in the target first (it brings hjson), or pass a strict JSON file",
         ) from exc
     except ValueError as exc:  # the duplicate-key hook
-        raise UsageError(f"--ds-config {path}: DeepSpeed cannot read it (ValueError: {exc})",
+        raise UsageError(f"{option} {path}: DeepSpeed cannot read it (ValueError: {exc})",
                          hint="remove the duplicate keys") from exc

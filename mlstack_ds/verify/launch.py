@@ -67,12 +67,14 @@ def worker_env(base: Mapping[str, str], staged: Path) -> dict[str, str]:
 
 
 def worker_args(checks: Sequence[str], out_dir: Path, timeout_s: float, run_id: str,
-                receipt: Path | None = None) -> list[str]:
+                receipt: Path | None = None, *, ds_config: Path | None = None) -> list[str]:
     """The worker's module name and arguments; the launcher's own module flag goes before them."""
     args = [WORKER_MODULE, "--checks", ",".join(checks), "--out", str(out_dir), "--timeout", f"{timeout_s:g}",
             "--run-id", run_id]
     if receipt is not None:
         args += ["--receipt", str(receipt)]
+    if ds_config is not None:
+        args += ["--ds-config", str(ds_config)]
     return args
 
 

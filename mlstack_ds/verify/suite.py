@@ -7,6 +7,7 @@ that died, a launcher that never started the ranks).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -25,6 +26,7 @@ from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
 
 DEFAULT_TIMEOUT_S = 300.0
+CONFIG_CHECK = "config"  # opt-in: runs with `--config FILE` (and only it, unless --only names more)
 PROBE_TIMEOUT_S = 60.0
 
 
@@ -40,6 +42,7 @@ class VerifyOptions:
     extra_env: Mapping[str, str] | None = None  # e.g. the test-only fault injection variable
     receipt: Path | None = None  # default: the worker reads <target sys.prefix>/share/mlstack-ds/receipt.json
     target: TargetFacts | None = None  # the caller's probe of `python` with torch's facts (install's detect)
+    ds_config: Mapping[str, object] | None = None  # `--config`: the user's config, already parsed by DeepSpeed
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,11 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     if options.hostfile is not None and options.world_size is not None:
         raise UsageError("--world-size cannot be combined with --hostfile",
                          hint="the hostfile's slots=N entries decide how many ranks run on each node")
-    specs = select_checks(options.only, options.skip)
+    specs = select_checks(options.only if options.only or options.ds_config is None else CONFIG_CHECK, options.skip)
+    if any(s.name == CONFIG_CHECK for s in specs) and options.ds_config is None:
+        raise UsageError(f"the {CONFIG_CHECK} check needs --config FILE", hint="e.g. verify --config ds_config.json")
+    if options.ds_config is not None and all(s.name != CONFIG_CHECK for s in specs):
+        specs = (*specs, *select_checks(CONFIG_CHECK))
     hosts = hostfile.parse_hostfile(options.hostfile) if options.hostfile else None
 
     probe = probe_target(python, options.target)
@@ -116,7 +123,12 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
         out_dir = launch_dir / "results"
         out_dir.mkdir()
         staged = launch.stage_worker(launch_dir / "code")
-        args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt)
+        ds_config = None
+        if options.ds_config is not None:
+            ds_config = launch_dir / "ds_config.json"  # inside launch_dir: copied to nodes that need it
+            ds_config.write_text(json.dumps(options.ds_config), encoding="utf-8")
+        args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt,
+                                  ds_config=ds_config)
         env = launch.worker_env({**os.environ, **(options.extra_env or {})}, staged)
         node_list: list[nodes.Node] = []
         if hosts is not None and options.hostfile is not None:

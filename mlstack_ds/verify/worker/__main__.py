@@ -81,6 +81,7 @@ def parse_args(argv):
     parser.add_argument("--out", default="", help="directory for the per-rank result files")
     parser.add_argument("--receipt", default="",
                         help="receipt path (default: <sys.prefix>/share/mlstack-ds/receipt.json)")
+    parser.add_argument("--ds-config", default="", help="the user's DeepSpeed config (JSON) for the config check")
     parser.add_argument("--timeout", type=float, default=300.0, help="collective time-out, seconds")
     parser.add_argument("--allow-jit", action="store_true", help="let DeepSpeed JIT-compile missing ops")
     parser.add_argument("--run-id", default="", help="marker that identifies this launch's processes")

@@ -1,0 +1,151 @@
+"""`mlstack-ds config`: a DeepSpeed config for this model on these GPUs, every choice with its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from mlstack_ds.cli.options import JsonOption, PythonOption
+from mlstack_ds.config.hardware import detect_gpus, plan_hardware
+from mlstack_ds.config.model import PRESETS, resolve_model
+from mlstack_ds.config.rules import AMD_SPECIFIC_SECTION, ORDER, Plan, config_for, make_plan
+from mlstack_ds.config.sizes import gib, parse_size
+from mlstack_ds.config.target import ask_target
+from mlstack_ds.console import Output, make_output
+from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.errors import MlstackError, UsageError
+
+CONFIG_HELP = (
+    "Write a DeepSpeed config (ds_config.json) for MODEL on these GPUs: the lowest ZeRO stage that fits "
+    "with headroom by DeepSpeed's own estimators (run in the target --python), then CPU offload, else a "
+    "refusal with the numbers (exit 9); precision by GPU target; buckets by VRAM. The config is parsed by "
+    "DeepSpeed in the target before it is written. MODEL: a preset ("
+    + ", ".join(PRESETS) + "), a Hugging Face config.json, or --params/--hidden/--layers. See docs/config.md."
+)
+
+
+def _positive(option: str, value: int) -> int:
+    if value <= 0:
+        raise UsageError(f"{option} {value}: must be greater than zero", hint=f"e.g. {option} 1")
+    return value
+
+
+def _count(option: str, text: str | None) -> int | None:
+    """`--params 7e9` or `--params 6738415616`: a positive whole number."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: not a number", hint=f"e.g. {option} 7e9") from None
+    if not 0 < value < float("inf"):
+        raise UsageError(f"{option} {text}: must be greater than zero", hint=f"e.g. {option} 7e9")
+    return int(value)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("config", help=CONFIG_HELP)
+    def config_command(
+        model: Annotated[str | None, typer.Argument(
+            metavar="MODEL", help="Preset (350m, 1.3b, 6.7b, 13b) or a Hugging Face config.json path.")] = None,
+        gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node (default: the detected ones).")]
+        = None,
+        nodes: Annotated[int, typer.Option("--nodes", help="Nodes.")] = 1,
+        micro_batch: Annotated[int, typer.Option("--micro-batch", help="Micro-batch per GPU.")] = 1,
+        seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length, tokens.")] = 2048,
+        vram: Annotated[str | None, typer.Option(
+            "--vram", metavar="SIZE", help="Memory per GPU, e.g. 24GiB or 16GB (default: detected).")] = None,
+        ram: Annotated[str | None, typer.Option(
+            "--ram", metavar="SIZE", help="Host RAM per node, for offload (default: MemTotal).")] = None,
+        params: Annotated[str | None, typer.Option("--params", help="Parameters, e.g. 7e9 (with --hidden, --layers).")]
+        = None,
+        hidden: Annotated[int | None, typer.Option("--hidden", help="Hidden size.")] = None,
+        layers: Annotated[int | None, typer.Option("--layers", help="Transformer layers.")] = None,
+        hf: Annotated[bool, typer.Option(
+            "--hf", help="For the Hugging Face Trainer: \"auto\" where the Trainer fills the value.")] = False,
+        out: Annotated[Path | None, typer.Option(
+            "--out", metavar="FILE", help="Write the config here (default: stdout).")] = None,
+        explain: Annotated[bool, typer.Option("--explain", help="Print every choice with its reason (stderr).")]
+        = False,
+        json_output: JsonOption = False,
+        python: PythonOption = None,
+    ) -> None:
+        output = make_output(json_output)
+        _positive("--micro-batch", micro_batch)
+        _positive("--seq-len", seq_len)
+        shape = resolve_model(model, _count("--params", params), hidden, layers)
+        vram_bytes = parse_size("--vram", vram) if vram is not None else None
+        ram_bytes = parse_size("--ram", ram) if ram is not None else None
+        hardware = plan_hardware(detect_gpus(), gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)
+        target = resolve_python(python)
+        output.status(f"asking DeepSpeed in {escape(str(target))} for its estimates and its verdict ...")
+        configs = [config_for(shape, hardware, placement, micro_batch=micro_batch, hf=hf, amd_specific=False)[0]
+                   for placement in ORDER]
+        answer = ask_target(target, params=shape.params, largest_layer_params=shape.largest_layer_params,
+                            gpus_per_node=hardware.gpus_per_node, nodes=hardware.nodes, configs=configs,
+                            amd_specific_section=AMD_SPECIFIC_SECTION if hardware.platform == "rocm" else None,
+                            hf=hf, micro_batch=micro_batch, hidden=shape.hidden)
+        plan = make_plan(shape, hardware, answer.estimates, micro_batch=micro_batch, seq_len=seq_len,
+                         amd_specific=answer.amd_specific, hf=hf)
+        checked = answer.validations[ORDER.index((plan.chosen.stage, plan.chosen.offload_optimizer,
+                                                  plan.chosen.offload_param))]
+        if checked.config != plan.config:  # the rules are pure: the same placement gives the same config
+            raise MlstackError("the config DeepSpeed parsed is not the one planned",
+                               hint="this is a bug in mlstack-ds; rerun with MLSTACK_DEBUG=1 and report it")
+        if not checked.ok:
+            raise MlstackError(f"DeepSpeed {answer.deepspeed} rejects the planned config at "
+                               f"{checked.key or 'an unknown key'}: {checked.message}",
+                               hint="this is a bug in mlstack-ds's config rules; please report it with --json")
+        if explain:
+            _explain(output, plan, shape.name, hardware.to_dict(), answer.deepspeed, checked.hf)
+        text = json.dumps(plan.config, indent=2) + "\n"
+        if out is not None:
+            _write(out, text)
+            output.status(f"wrote {escape(str(out))}: ZeRO-{plan.chosen.stage}, {plan.chosen.label.split(', ')[1]}, "
+                          f"{gib(plan.chosen.gpu)} per GPU (DeepSpeed {answer.deepspeed} parsed it)")
+        if json_output:
+            output.emit_json({"model": shape.to_dict(), "hardware": hardware.to_dict(), "deepspeed": answer.deepspeed,
+                              "validated": True, "hf": checked.hf or None, "out": str(out) if out else None,
+                              **plan.to_dict()})
+        elif out is None:
+            typer.echo(text, nl=False)
+
+
+def _explain(output: Output, plan: Plan, model: str, hardware: dict[str, object], deepspeed: str,
+             hf_note: str) -> None:
+    """The reasons, on stderr: stdout stays the config, so `config --explain > ds_config.json` works."""
+    err = output.err
+    world = hardware["world_size"]
+    err.print(f"model {escape(model)}; {world} GPU(s) of {gib(int(hardware['vram_bytes']))} "  # type: ignore[call-overload]
+              f"({escape(str(hardware['gpu_name']))}, {hardware['platform']}); DeepSpeed {deepspeed}")
+    for choice in plan.choices:
+        err.print(f"  {choice.key} = {escape(json.dumps(choice.value))}: {escape(choice.reason)}")
+    err.print("  placements (per GPU; host RAM per node):")
+    for c in plan.candidates:
+        mark = "fits" if c.fits else "does not fit"
+        err.print(f"    {c.label}: {gib(c.gpu)} GPU, {gib(c.cpu)} RAM: {mark}")
+    for note in plan.notes:
+        err.print(f"  note: {escape(note)}")
+    if hf_note:
+        err.print(f"  --hf: {escape(hf_note)}")
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomically: a temporary file next to it, renamed into place (no half-written config)."""
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise UsageError(f"--out {path}: no such directory {directory}", hint="create it first, or pick another path")
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".ds_config-", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot write it ({exc.strerror or exc})",
+                         hint="pick a writable path") from exc
