@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from mlstack_ds.cli.options import JsonOption, PythonOption
-from mlstack_ds.config.hardware import detect_gpus, plan_hardware
+from mlstack_ds.config.hardware import Hardware, detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
 from mlstack_ds.config.planner import plan_config
 from mlstack_ds.config.rules import ConfigDoesNotFit, Plan
@@ -89,12 +89,12 @@ def register(app: typer.Typer) -> None:
                               on_refusal=lambda refusal: _explain_refusal(output, refusal) if explain else None)
         plan, answer, checked = planned.plan, planned.answer, planned.validation
         if explain:
-            _explain(output, plan, shape.name, hardware.to_dict(), answer.deepspeed, checked.hf)
+            _explain(output, plan, shape.name, hardware, answer.deepspeed, checked.hf)
         text = json.dumps(plan.config, indent=2) + "\n"
         if out is not None:
             _write(out, text)
-            output.status(f"wrote {escape(str(out))}: ZeRO-{plan.chosen.stage}, {plan.chosen.label.split(', ')[1]}, "
-                          f"{gib(plan.chosen.gpu)} per GPU (DeepSpeed {answer.deepspeed} parsed it)")
+            output.status(f"wrote {escape(str(out))}: {plan.chosen.label}, {gib(plan.chosen.gpu)} per GPU "
+                          f"(DeepSpeed {answer.deepspeed} parsed it)")
         if json_output:
             output.emit_json({"model": shape.to_dict(), "hardware": hardware.to_dict(), "deepspeed": answer.deepspeed,
                               "validated": True, "hf": checked.hf or None, "out": str(out) if out else None,
@@ -103,13 +103,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(text, nl=False)
 
 
-def _explain(output: Output, plan: Plan, model: str, hardware: dict[str, object], deepspeed: str,
-             hf_note: str) -> None:
+def _explain(output: Output, plan: Plan, model: str, hardware: Hardware, deepspeed: str, hf_note: str) -> None:
     """The reasons, on stderr: stdout stays the config, so `config --explain > ds_config.json` works."""
     err = output.err
-    world = hardware["world_size"]
-    err.print(f"model {escape(model)}; {world} GPU(s) of {gib(int(hardware['vram_bytes']))} "  # type: ignore[call-overload]
-              f"({escape(str(hardware['gpu_name']))}, {hardware['platform']}); DeepSpeed {deepspeed}")
+    err.print(f"model {escape(model)}; {hardware.world_size} GPU(s) of {gib(hardware.vram_bytes)} "
+              f"({escape(hardware.gpu_name)}, {hardware.platform}); DeepSpeed {deepspeed}")
     for choice in plan.choices:
         err.print(f"  {choice.key} = {escape(json.dumps(choice.value))}: {escape(choice.reason)}")
     err.print("  placements (per GPU; host RAM per node):")
