@@ -12,14 +12,14 @@ import typer
 from rich.markup import escape
 
 from mlstack_ds.cli.options import JsonOption, PythonOption
-from mlstack_ds.config.hardware import detect_gpus, plan_hardware
+from mlstack_ds.config.hardware import Hardware, detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
-from mlstack_ds.config.rules import AMD_SPECIFIC_SECTION, ORDER, Plan, config_for, make_plan
+from mlstack_ds.config.planner import plan_config
+from mlstack_ds.config.rules import ConfigDoesNotFit, Plan
 from mlstack_ds.config.sizes import gib, parse_size
-from mlstack_ds.config.target import ask_target
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import MlstackError, UsageError
+from mlstack_ds.errors import UsageError
 
 CONFIG_HELP = (
     "Write a DeepSpeed config (ds_config.json) for MODEL on these GPUs: the lowest ZeRO stage that fits "
@@ -85,30 +85,16 @@ def register(app: typer.Typer) -> None:
         hardware = plan_hardware(detect_gpus(), gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)
         target = resolve_python(python)
         output.status(f"asking DeepSpeed in {escape(str(target))} for its estimates and its verdict ...")
-        configs = [config_for(shape, hardware, placement, micro_batch=micro_batch, hf=hf, amd_specific=False)[0]
-                   for placement in ORDER]
-        answer = ask_target(target, params=shape.params, largest_layer_params=shape.largest_layer_params,
-                            gpus_per_node=hardware.gpus_per_node, nodes=hardware.nodes, configs=configs,
-                            amd_specific_section=AMD_SPECIFIC_SECTION if hardware.platform == "rocm" else None,
-                            hf=hf, micro_batch=micro_batch, hidden=shape.hidden)
-        plan = make_plan(shape, hardware, answer.estimates, micro_batch=micro_batch, seq_len=seq_len,
-                         amd_specific=answer.amd_specific, hf=hf)
-        checked = answer.validations[ORDER.index((plan.chosen.stage, plan.chosen.offload_optimizer,
-                                                  plan.chosen.offload_param))]
-        if checked.config != plan.config:  # the rules are pure: the same placement gives the same config
-            raise MlstackError("the config DeepSpeed parsed is not the one planned",
-                               hint="this is a bug in mlstack-ds; rerun with MLSTACK_DEBUG=1 and report it")
-        if not checked.ok:
-            raise MlstackError(f"DeepSpeed {answer.deepspeed} rejects the planned config at "
-                               f"{checked.key or 'an unknown key'}: {checked.message}",
-                               hint="this is a bug in mlstack-ds's config rules; please report it with --json")
+        planned = plan_config(shape, hardware, target, micro_batch=micro_batch, seq_len=seq_len, hf=hf,
+                              on_refusal=lambda refusal: _explain_refusal(output, refusal) if explain else None)
+        plan, answer, checked = planned.plan, planned.answer, planned.validation
         if explain:
-            _explain(output, plan, shape.name, hardware.to_dict(), answer.deepspeed, checked.hf)
+            _explain(output, plan, shape.name, hardware, answer.deepspeed, checked.hf)
         text = json.dumps(plan.config, indent=2) + "\n"
         if out is not None:
             _write(out, text)
-            output.status(f"wrote {escape(str(out))}: ZeRO-{plan.chosen.stage}, {plan.chosen.label.split(', ')[1]}, "
-                          f"{gib(plan.chosen.gpu)} per GPU (DeepSpeed {answer.deepspeed} parsed it)")
+            output.status(f"wrote {escape(str(out))}: {plan.chosen.label}, {gib(plan.chosen.gpu)} per GPU "
+                          f"(DeepSpeed {answer.deepspeed} parsed it)")
         if json_output:
             output.emit_json({"model": shape.to_dict(), "hardware": hardware.to_dict(), "deepspeed": answer.deepspeed,
                               "validated": True, "hf": checked.hf or None, "out": str(out) if out else None,
@@ -117,13 +103,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(text, nl=False)
 
 
-def _explain(output: Output, plan: Plan, model: str, hardware: dict[str, object], deepspeed: str,
-             hf_note: str) -> None:
+def _explain(output: Output, plan: Plan, model: str, hardware: Hardware, deepspeed: str, hf_note: str) -> None:
     """The reasons, on stderr: stdout stays the config, so `config --explain > ds_config.json` works."""
     err = output.err
-    world = hardware["world_size"]
-    err.print(f"model {escape(model)}; {world} GPU(s) of {gib(int(hardware['vram_bytes']))} "  # type: ignore[call-overload]
-              f"({escape(str(hardware['gpu_name']))}, {hardware['platform']}); DeepSpeed {deepspeed}")
+    err.print(f"model {escape(model)}; {hardware.world_size} GPU(s) of {gib(hardware.vram_bytes)} "
+              f"({escape(hardware.gpu_name)}, {hardware.platform}); DeepSpeed {deepspeed}")
     for choice in plan.choices:
         err.print(f"  {choice.key} = {escape(json.dumps(choice.value))}: {escape(choice.reason)}")
     err.print("  placements (per GPU; host RAM per node):")
@@ -134,6 +118,16 @@ def _explain(output: Output, plan: Plan, model: str, hardware: dict[str, object]
         err.print(f"  note: {escape(note)}")
     if hf_note:
         err.print(f"  --hf: {escape(hf_note)}")
+
+
+def _explain_refusal(output: Output, refusal: ConfigDoesNotFit) -> None:
+    """--explain on a refusal: every placement's numbers, before the error line."""
+    output.err.print("  placements (per GPU; host RAM per node):")
+    for c in refusal.details.get("candidates", []):  # type: ignore[union-attr]
+        offload = ("optimizer and parameters offloaded" if c["offload_param"]
+                   else "optimizer offloaded" if c["offload_optimizer"] else "no offload")
+        output.err.print(f"    ZeRO-{c['stage']}, {offload}: {gib(c['gpu_bytes'])} GPU of {gib(c['gpu_limit_bytes'])} "
+                         f"usable, {gib(c['cpu_bytes'])} RAM: does not fit")
 
 
 def _write(path: Path, text: str) -> None:

@@ -243,8 +243,9 @@ def ask_target(python: Path, *, params: int, largest_layer_params: int, gpus_per
 
 
 def validate_in_target(python: Path, config: Mapping[str, Any], *, hf: bool = False, micro_batch: int = 1,
-                       world_size: int = 1, hidden: int = 0) -> Validation:
-    """DeepSpeed's own parser on `config` (with `hf`, after transformers filled the "auto" values)."""
+                       world_size: int = 1, hidden: int) -> Validation:
+    """DeepSpeed's own parser on `config` (with `hf`, after transformers filled the "auto" values for a model
+    of `hidden` size)."""
     answer = _ask(python, {"mode": "validate", "config": dict(config), "hf": hf, "micro_batch": micro_batch,
                            "world_size": world_size, "hidden": hidden, "batch": _batch(micro_batch, world_size)})
     return _validation(answer)

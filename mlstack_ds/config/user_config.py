@@ -9,6 +9,7 @@ from typing import Any
 from mlstack_ds.config.target import validate_in_target
 from mlstack_ds.doctor.dsconfig import read_ds_config
 from mlstack_ds.errors import UsageError
+from mlstack_ds.verify.worker import training
 
 OPTION = "--config"
 
@@ -23,7 +24,9 @@ def load_checked_config(path: Path, python: Path) -> dict[str, Any]:
     """The config DeepSpeed in `python` accepts; hjson syntax as DeepSpeed allows; a config with "auto"
     values (Hugging Face's) is checked after transformers filled them, when the target has it."""
     config = read_ds_config(path, python, option=OPTION)
-    verdict = validate_in_target(python, config, hf=_has_auto(config))
+    # "auto" values are filled as the Trainer would for the model the config check trains.
+    verdict = validate_in_target(python, config, hf=_has_auto(config), micro_batch=training.MICRO_BATCH,
+                                 hidden=training.D_MODEL)
     if not verdict.ok:
         raise UsageError(f"{OPTION} {path}: DeepSpeed rejects {verdict.key or 'it'}: {verdict.message}",
                          hint=f"fix {verdict.key or 'the config'}, or write one with `mlstack-ds config`")

@@ -265,8 +265,8 @@ def test_the_config_check_keeps_the_users_zero_and_precision_and_names_what_it_r
     hf = config_for(SMALL, hardware(arch="gfx1030"), (2, False, False), micro_batch=1, hf=True, amd_specific=False)[0]
     config, replaced, precision = suite_config(hf, bf16_supported=True)
     assert precision is None and config["fp16"]["enabled"] is False  # "auto" fp16: off (no GPU loss scaler)
-    assert "reduce_bucket_size" not in config["zero_optimization"]
-    assert "zero_optimization.reduce_bucket_size (auto: DeepSpeed's default)" in replaced
+    assert config["zero_optimization"]["reduce_bucket_size"] == training.D_MODEL ** 2  # as the Trainer fills it
+    assert "train_batch_size" not in config and "gradient_accumulation_steps" in config
 
 
 def test_the_config_check_needs_a_config(tmp_path: Path) -> None:

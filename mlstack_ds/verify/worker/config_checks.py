@@ -9,6 +9,7 @@ import json
 from .protocol import Check, CheckFailed, SkipCheck
 from .training import (
     ADAM,
+    D_MODEL,
     GRADIENT_CLIPPING,
     LOSS_RTOL,
     LOW_PRECISION_RTOL,
@@ -23,8 +24,9 @@ PRECISIONS = ("bf16", "fp16")
 def suite_config(user, bf16_supported=True):
     """The user's config as the suite runs it: ZeRO stage, offload, precision and buckets as given; what the
     comparison with the torch reference needs replaced (the suite's batch, its AdamW without a scheduler,
-    its gradient clipping), each replacement named. "auto" values (a Hugging Face config) are DeepSpeed's
-    defaults here, and an "auto" precision is on where the accelerator supports it.
+    its gradient clipping), each replacement named. "auto" values (a Hugging Face config) are what the Trainer
+    would fill for the suite's model (buckets from its hidden size) or else DeepSpeed's defaults; an "auto"
+    bf16 is on where the accelerator supports it, an "auto" fp16 off.
 
     Returns (config, replaced, precision): precision is "bf16", "fp16" or None (fp32)."""
     config = copy.deepcopy(user)
@@ -52,14 +54,23 @@ def suite_config(user, bf16_supported=True):
             replaced.append(f"{name}.enabled (auto: {'on' if enabled else 'off'})")
         if enabled is True:
             precision = name
-    _drop_auto(config, "", replaced)
+    _fill_auto(config, "", replaced)
     return config, replaced, precision
 
 
-def _drop_auto(section, prefix, replaced):
+# What the Hugging Face Trainer fills from the model's hidden size (trainer_config_finalize), for this model.
+HIDDEN_SIZE_AUTO = {"zero_optimization.reduce_bucket_size": D_MODEL * D_MODEL,
+                    "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * D_MODEL * D_MODEL),
+                    "zero_optimization.stage3_param_persistence_threshold": 10 * D_MODEL}
+
+
+def _fill_auto(section, prefix, replaced):
     for key, value in list(section.items()):
         if isinstance(value, dict):
-            _drop_auto(value, f"{prefix}{key}.", replaced)
+            _fill_auto(value, f"{prefix}{key}.", replaced)
+        elif value == "auto" and f"{prefix}{key}" in HIDDEN_SIZE_AUTO:
+            section[key] = HIDDEN_SIZE_AUTO[f"{prefix}{key}"]
+            replaced.append(f"{prefix}{key} (auto: {section[key]}, as the Trainer fills it for this model)")
         elif value == "auto":
             del section[key]
             replaced.append(f"{prefix}{key} (auto: DeepSpeed's default)")
