@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     INSTALL = 7
     VERIFY = 8
     DOES_NOT_FIT = 9  # `config`: the model does not fit these GPUs, even with offload
+    BENCH = 10  # `bench`: a stage failed (crashed, timed out, needed a JIT compile); OOM is a result
     INTERRUPTED = 130
     PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as other Unix tools)
 
@@ -80,6 +81,10 @@ class InstallError(MlstackError):
 
 class VerifyFailed(MlstackError):
     exit_code = ExitCode.VERIFY
+
+
+class BenchFailed(MlstackError):
+    exit_code = ExitCode.BENCH
 
 
 class ToolError(EnvironmentProblem):

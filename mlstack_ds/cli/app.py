@@ -26,6 +26,7 @@ from rich.markup import escape
 
 from mlstack_ds import __version__
 from mlstack_ds.cli import (
+    bench_cmd,
     config_cmd,
     detect_cmd,
     doctor_cmd,
@@ -39,7 +40,7 @@ from mlstack_ds.errors import ExitCode, Interrupted, MlstackError, UsageError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 bug, 2 usage, 3 environment, 4 fetch, 5 patch, 6 build, 7 install, "
-    "8 verify failed, 9 the model does not fit (config), 130 interrupted (Ctrl-C or SIGTERM), "
+    "8 verify failed, 9 the model does not fit (config), 10 a bench stage failed, 130 interrupted (Ctrl-C or SIGTERM), "
     "141 the reader of stdout went away. "
     "With --json a failure prints one {\"error\": ...} document on stdout. Set MLSTACK_DEBUG=1 to see tracebacks."
 )
@@ -70,7 +71,7 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Root options."""
 
-    for module in (detect_cmd, install_cmd, verify_cmd, doctor_cmd, config_cmd, recipes_cmd, fetch_cmd,
+    for module in (detect_cmd, install_cmd, verify_cmd, doctor_cmd, config_cmd, bench_cmd, recipes_cmd, fetch_cmd,
                    patches_cmd):
         module.register(app)
     return app

@@ -14,9 +14,9 @@ from mlstack_ds.verify.worker import training
 OPTION = "--config"
 
 
-def _has_auto(value: Any) -> bool:
+def has_auto(value: Any) -> bool:
     if isinstance(value, dict):
-        return any(_has_auto(v) for v in value.values())
+        return any(has_auto(v) for v in value.values())
     return value == "auto"
 
 
@@ -25,7 +25,7 @@ def load_checked_config(path: Path, python: Path) -> dict[str, Any]:
     values (Hugging Face's) is checked after transformers filled them, when the target has it."""
     config = read_ds_config(path, python, option=OPTION)
     # "auto" values are filled as the Trainer would for the model the config check trains.
-    verdict = validate_in_target(python, config, hf=_has_auto(config), micro_batch=training.MICRO_BATCH,
+    verdict = validate_in_target(python, config, hf=has_auto(config), micro_batch=training.MICRO_BATCH,
                                  hidden=training.D_MODEL)
     if not verdict.ok:
         raise UsageError(f"{OPTION} {path}: DeepSpeed rejects {verdict.key or 'it'}: {verdict.message}",

@@ -28,41 +28,43 @@ OPTIMIZER_STEPS = 10
 OPTIMIZER_ATOL = 1e-5
 
 
-def build_model(torch):
+def build_model(torch, *, vocab=VOCAB, d_model=D_MODEL, d_ff=D_FF, n_layers=N_LAYERS, n_heads=N_HEADS):
+    """A GPT-like decoder (pre-norm blocks, causal attention, untied head); the suite's shape by default,
+    `bench` passes its own."""
     nn = torch.nn
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.ln1 = nn.LayerNorm(D_MODEL)
-            self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL)
-            self.proj = nn.Linear(D_MODEL, D_MODEL)
-            self.ln2 = nn.LayerNorm(D_MODEL)
-            self.fc1 = nn.Linear(D_MODEL, D_FF)
-            self.fc2 = nn.Linear(D_FF, D_MODEL)
+            self.ln1 = nn.LayerNorm(d_model)
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+            self.proj = nn.Linear(d_model, d_model)
+            self.ln2 = nn.LayerNorm(d_model)
+            self.fc1 = nn.Linear(d_model, d_ff)
+            self.fc2 = nn.Linear(d_ff, d_model)
 
         def forward(self, x):
             b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, N_HEADS, D_MODEL // N_HEADS).unbind(2)
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, n_heads, d_model // n_heads).unbind(2)
             att = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-            x = x + self.proj(att.transpose(1, 2).reshape(b, t, D_MODEL))
+            x = x + self.proj(att.transpose(1, 2).reshape(b, t, d_model))
             return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
     class TinyLM(nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = nn.Embedding(VOCAB, D_MODEL)
-            self.blocks = nn.ModuleList(Block() for _ in range(N_LAYERS))
-            self.ln_f = nn.LayerNorm(D_MODEL)
-            self.head = nn.Linear(D_MODEL, VOCAB)
+            self.embed = nn.Embedding(vocab, d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(n_layers))
+            self.ln_f = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab)
 
         def forward(self, tokens, targets):
             x = self.embed(tokens)
             for block in self.blocks:
                 x = block(x)
             logits = self.head(self.ln_f(x)).float()
-            return torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+            return torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1))
 
     return TinyLM()
 

@@ -1,0 +1,217 @@
+"""Run a bench: one launch per world size and stage, each bounded in time, leaving nothing running.
+
+The launches are verify's (`verify/launch.py`: torchrun on one machine, DeepSpeed's launcher with a
+hostfile, the run-id marker and the sweep); the ranks run the worker package's `bench` entry in the
+target interpreter. One launch per stage, not one for all: a stage that runs out of memory ends its own
+launch (the launcher stops the other ranks) and the next stage starts clean, as the guide's "OOM"
+cells mean. Rank 0's progress file is read while a launch runs, so a long stage shows its steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlstack_ds.bench.spec import BenchSpec
+from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.errors import EnvironmentProblem, Interrupted
+from mlstack_ds.multinode import hostfile
+from mlstack_ds.verify import launch, nodes
+from mlstack_ds.verify.suite import probe_target
+
+BENCH_MODULE = f"{launch.WORKER_MODULE}.bench"
+PROGRESS_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One launch's outcome: `status` ok | oom | failed, with every rank's record (rank -> dict)."""
+
+    world_size: int
+    stage: str
+    status: str
+    reason: str
+    ranks: Mapping[int, Mapping[str, Any]]
+    duration_s: float
+    argv: tuple[str, ...] = ()
+    nodes: tuple[Mapping[str, object], ...] = field(default_factory=tuple)
+
+
+def run_bench(spec: BenchSpec, python: Path, status: Callable[[str], None] = lambda _m: None,
+              extra_env: Mapping[str, str] | None = None) -> tuple[list[StageRun], str]:
+    """Every (world size, stage) in order; returns the runs and the target's platform (cpu, cuda)."""
+    python = resolve_python(python)
+    probe = probe_target(python)
+    if probe.torch_version is None:
+        raise EnvironmentProblem(f"torch is not importable in {python}: {probe.error or 'not installed'}",
+                                 hint="install PyTorch there (and DeepSpeed with `mlstack-ds install`), or point "
+                                 "--python at the environment that has them")
+    hosts = hostfile.parse_hostfile(spec.hostfile) if spec.hostfile else None
+    if hosts is not None and spec.hostfile is not None:
+        world_sizes: Sequence[int] = (hostfile.hostfile_world_size(spec.hostfile, hosts),)
+    else:
+        world_sizes = spec.world_sizes or ((probe.gpus if probe.gpus > 0 else 2),)
+    platform = "cpu" if probe.gpus == 0 else "gpu"
+    runs: list[StageRun] = []
+    total = len(world_sizes) * len(spec.stages)
+    for world_size in world_sizes:
+        for stage in spec.stages:
+            label = stage_label(stage)
+            status(f"[{len(runs) + 1}/{total}] {label} on {world_size} rank(s): {spec.model.name}, "
+                   f"{spec.warmup} warm-up + {spec.steps} timed steps")
+            try:
+                run = _run_stage(python, spec, stage, world_size, hosts=hosts, status=status,
+                                 extra_env=extra_env or {})
+            except KeyboardInterrupt:
+                raise Interrupted(f"interrupted: bench stopped during {label} on {world_size} rank(s); every "
+                                  "launched process was killed", hint="run it again (--stages to pick fewer)",
+                                  details={"finished": [r.stage for r in runs]}) from None
+            status(f"  {label}: {summary_line(run, spec)}")
+            runs.append(run)
+    return runs, platform
+
+
+def stage_label(stage: str) -> str:
+    return "DDP" if stage == "ddp" else f"ZeRO-{stage}"
+
+
+def summary_line(run: StageRun, spec: BenchSpec) -> str:
+    if run.status != "ok":
+        return f"{run.status.upper()}: {run.reason}"
+    times = run.ranks[0].get("step_times_s") or []
+    samples = run.ranks[0].get("samples_per_step", 0)
+    median = sorted(times)[len(times) // 2] if times else 0.0
+    rate = samples / median if median else 0.0
+    return f"{rate:.2f} samples/s ({run.duration_s:.0f} s)"
+
+
+def worker_args(spec: BenchSpec, stage: str, out_dir: Path, run_id: str) -> list[str]:
+    args = [BENCH_MODULE, "--stage", stage, "--out", str(out_dir), "--layers", str(spec.model.layers),
+            "--hidden", str(spec.model.hidden), "--heads", str(spec.model.heads), "--vocab", str(spec.model.vocab),
+            "--seq-len", str(spec.seq_len), "--micro-batch", str(spec.micro_batch), "--steps", str(spec.steps),
+            "--warmup", str(spec.warmup), "--precision", spec.precision, "--timeout", f"{spec.timeout_s:g}",
+            "--run-id", run_id]
+    if spec.config_json is not None:
+        config_file = out_dir.parent / "ds_config.json"
+        config_file.write_text(spec.config_json, encoding="utf-8")
+        args += ["--ds-config", str(config_file)]
+    if spec.memory_cap:
+        args += ["--memory-cap", str(spec.memory_cap)]
+    return args
+
+
+def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *,
+               hosts: Sequence[hostfile.HostEntry] | None, status: Callable[[str], None],
+               extra_env: Mapping[str, str]) -> StageRun:
+    run_id = launch.new_run_id()
+    with tempfile.TemporaryDirectory(prefix="mlstack-bench-") as tmp:
+        launch_dir = Path(tmp)
+        out_dir = launch_dir / "results"
+        out_dir.mkdir()
+        staged = launch.stage_worker(launch_dir / "code")
+        args = worker_args(spec, stage, out_dir, run_id)
+        env = launch.worker_env({**os.environ, **extra_env}, staged)
+        node_list: list[nodes.Node] = []
+        if hosts is not None and spec.hostfile is not None:
+            argv = launch.deepspeed_argv(python, spec.hostfile, hosts, launch.free_port(), args)
+            env_file = nodes.write_env_file(launch_dir / "deepspeed_env",
+                                            {**env, launch.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
+            env[nodes.ENV_FILE_VARIABLE] = str(env_file)
+            node_list = nodes.prepare(hosts, python, launch_dir, env=env, status=status)
+        else:
+            argv = launch.torchrun_argv(python, world_size, launch.free_port(), args)
+        watcher = ProgressWatcher(out_dir / "progress.jsonl", stage, status)
+        watcher.start()
+        try:
+            outcome = launch.run_launch(argv, timeout_s=spec.timeout_s, run_id=run_id, env=env, cwd=staged)
+        finally:
+            watcher.stop()
+            nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
+        ranks = read_ranks(out_dir, world_size)
+    verdict, reason = judge(ranks, world_size, outcome, spec.timeout_s)
+    return StageRun(world_size, stage, verdict, reason, ranks, round(outcome.duration_s, 3), tuple(argv),
+                    tuple(n.to_json() for n in node_list))
+
+
+def read_ranks(out_dir: Path, world_size: int) -> dict[int, dict[str, Any]]:
+    """Each rank's one-line record (`rank<N>.jsonl`, the name verify's node copy-back fetches)."""
+    ranks: dict[int, dict[str, Any]] = {}
+    for rank in range(world_size):
+        path = out_dir / f"rank{rank}.jsonl"
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ranks[rank] = json.loads(path.read_text(encoding="utf-8").splitlines()[-1])
+    return ranks
+
+
+def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: launch.LaunchOutcome,
+          timeout_s: float) -> tuple[str, str]:
+    """ok when every rank finished; oom when any rank ran out of memory (the launcher then stops the
+    others, which write nothing); failed otherwise, with the first reason a rank gave or the launch's."""
+    ooms = [(rank, record) for rank, record in sorted(ranks.items()) if record.get("status") == "oom"]
+    if ooms:
+        rank, record = ooms[0]
+        return "oom", f"rank {rank} ran out of memory at {record.get('phase', '?')}: {record.get('reason', '')}"
+    problems = [(rank, record) for rank, record in sorted(ranks.items()) if record.get("status") != "ok"]
+    if problems:
+        rank, record = problems[0]
+        what = "needs a JIT compile (prebuilt ops only)" if record.get("status") == "jit" else "failed"
+        return "failed", f"rank {rank} {what} at {record.get('phase', '?')}: {record.get('reason', '')}"
+    if outcome.timed_out:
+        return "failed", f"timed out after {timeout_s:g} s"
+    missing = [rank for rank in range(world_size) if rank not in ranks]
+    if missing:
+        tail = outcome.log_tail.strip().splitlines()[-1:] if outcome.log_tail.strip() else []
+        return "failed", (f"rank(s) {', '.join(map(str, missing))} reported nothing (launcher exit code "
+                          f"{outcome.returncode}){': ' + tail[0] if tail else ''}")
+    return "ok", ""
+
+
+class ProgressWatcher:
+    """Reads rank 0's progress lines while the launch runs; one status line per step, at most every
+    PROGRESS_EVERY_S seconds (the last step always shown)."""
+
+    def __init__(self, path: Path, stage: str, status: Callable[[str], None]) -> None:
+        self.path = path
+        self.label = stage_label(stage)
+        self.status = status
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-progress", daemon=True)
+        self._offset = 0
+        self._last_shown = 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            self._read()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            with self.path.open(encoding="utf-8") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+            complete, _, _ = chunk.rpartition("\n")
+            if not complete:
+                return
+            self._offset += len(complete.encode()) + 1
+            lines = [json.loads(line) for line in complete.splitlines() if line.strip()]
+            steps = [line for line in lines if line.get("phase") in ("warm-up", "timed")]
+            now = time.monotonic()
+            if steps and (now - self._last_shown >= PROGRESS_EVERY_S or steps[-1]["step"] == steps[-1]["of"]):
+                last = steps[-1]
+                self._last_shown = now
+                self.status(f"  {self.label}: step {last['step']}/{last['of']} ({last['phase']}), "
+                            f"{last['elapsed_s']:.0f} s")
