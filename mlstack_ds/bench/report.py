@@ -39,6 +39,7 @@ class StageNumbers:
     flops_per_sample: int | None
     step_times_s: list[float]
     duration_s: float
+    hosts: list[str | None]  # each rank's node
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -60,7 +61,7 @@ def stage_numbers(run: StageRun, spec: BenchSpec) -> StageNumbers:
             tflops = rate["median"] * int(first["flops_per_sample"]) / 1e12
     return StageNumbers(run.world_size, run.stage, run.status, run.reason, rate, tokens, tflops, peaks, kind,
                         [r.get("live_tensor_bytes") for r in ranks], first.get("precision"), first.get("params"),
-                        first.get("flops_per_sample"), times, run.duration_s)
+                        first.get("flops_per_sample"), times, run.duration_s, [r.get("host") for r in ranks])
 
 
 def scaling(numbers: Sequence[StageNumbers]) -> list[dict[str, Any]]:

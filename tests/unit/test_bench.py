@@ -1,0 +1,66 @@
+"""bench's pure parts: stage parsing, the verdict of a launch, statistics and scaling, the reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlstack_ds.bench.reference import Machine, compare, load_reference
+from mlstack_ds.bench.report import scaling, stage_numbers
+from mlstack_ds.bench.run import StageRun, judge
+from mlstack_ds.bench.spec import TINY, BenchSpec, parse_stages, parse_world_sizes
+from mlstack_ds.errors import UsageError
+from mlstack_ds.verify.launch import LaunchOutcome
+
+SPEC = BenchSpec(model=TINY, stages=("ddp", "3"), world_sizes=(1, 2), steps=3, warmup=1, micro_batch=2, seq_len=64)
+FINISHED = LaunchOutcome(0, 10.0, False, "")
+
+
+def ok_rank(times: list[float], samples: int = 4) -> dict:
+    return {"status": "ok", "step_times_s": times, "samples_per_step": samples, "flops_per_sample": 10**12,
+            "peak_rss_bytes": 2**30, "live_tensor_bytes": 2**28, "precision": "fp32", "params": 17_000_000}
+
+
+def test_stages_are_normalised_in_order_once() -> None:
+    assert parse_stages("DDP,zero2,z3,2,0") == ("ddp", "2", "3", "0")
+    assert parse_world_sizes("4,1,2,2") == (1, 2, 4)
+    with pytest.raises(UsageError, match="5 is not a stage"):
+        parse_stages("ddp,5")
+
+
+def test_a_launch_is_ok_oom_or_failed() -> None:
+    assert judge({0: ok_rank([1.0]), 1: ok_rank([1.0])}, 2, FINISHED, 60) == ("ok", "")
+    oom = {0: {"status": "oom", "phase": "step 1", "reason": "RuntimeError: can't allocate memory"}}
+    verdict, reason = judge(oom, 2, LaunchOutcome(1, 3.0, False, ""), 60)  # rank 1 was stopped: wrote nothing
+    assert verdict == "oom" and reason.startswith("rank 0 ran out of memory at step 1")
+    jit = {0: ok_rank([1.0]), 1: {"status": "jit", "phase": "initialize", "reason": "op 'fused_adam' ..."}}
+    assert judge(jit, 2, FINISHED, 60)[1].startswith("rank 1 needs a JIT compile (prebuilt ops only) at initialize")
+    assert judge({0: ok_rank([1.0])}, 2, LaunchOutcome(None, 60.0, True, ""), 60) == ("failed", "timed out after 60 s")
+    verdict, reason = judge({0: ok_rank([1.0])}, 2, LaunchOutcome(1, 5.0, False, "boom"), 60)
+    assert verdict == "failed" and "rank(s) 1 reported nothing (launcher exit code 1): boom" in reason
+
+
+def test_throughput_is_the_median_step_with_its_spread_and_scaling_per_rank() -> None:
+    one = stage_numbers(StageRun(1, "3", "ok", "", {0: ok_rank([1.0, 2.0, 4.0], samples=2)}, 9.0), SPEC)
+    assert one.samples_per_s == {"median": 1.0, "min": 0.5, "max": 2.0}
+    assert one.tokens_per_s == 64.0 and one.model_tflops_per_s == 1.0
+    two = stage_numbers(StageRun(2, "3", "ok", "", {0: ok_rank([1.0] * 3), 1: ok_rank([1.0] * 3)}, 9.0), SPEC)
+    assert two.samples_per_s["median"] == 4.0 and two.peak_memory_bytes == [2**30, 2**30]
+    (base, scaled) = scaling([one, two])
+    assert base["efficiency"] == 1.0 and scaled["efficiency"] == 2.0  # 4 samples/s on 2 ranks vs 1 on 1
+    oom = stage_numbers(StageRun(2, "ddp", "oom", "rank 0 ran out of memory", {0: {"status": "oom"}}, 2.0), SPEC)
+    assert oom.samples_per_s is None and scaling([oom]) == []
+
+
+def test_the_reference_is_compared_only_on_its_own_hardware_and_model() -> None:
+    reference = load_reference()
+    assert reference.source["hardware"] == "2x Radeon RX 7900 XTX" and reference.entries
+    measured = {"3": {"peak_memory_gb_per_gpu": 23.0}}
+    same = compare(reference, Machine("gpu", "gfx1100", 24.0), "13b", 2, measured)
+    assert same["comparable"] is True and same["rows"][0]["reference"] == 24.8
+    assert same["rows"][0]["measured"] == 23.0 and "physics disagrees" in same["rows"][0]["caveat"]
+    cpu = compare(reference, Machine("cpu", None, None), "tiny", 2, measured)
+    assert cpu["comparable"] is False and cpu["rows"] == []
+    assert cpu["differences"][0].startswith("this run is on CPU")
+    other_card = compare(reference, Machine("gpu", "gfx90a", 64.0), "13b", 2, measured)
+    assert other_card["differences"] == ["GPU target gfx90a, the reference's is gfx1100"]
+    assert other_card["rows"][0]["measured"] is None  # never a ratio across different hardware
