@@ -119,7 +119,8 @@ def render(report: dict[str, Any], console: Any) -> None:
     notes = [f"{stage_label(run['stage'])} on {run['world_size']} rank(s): {run['reason']}"
              for run in report["runs"] if run["status"] != "ok"]
     notes += [f"scaling {stage_label(row['stage'])}: {row['world_size']} ranks at {row['efficiency']:.0%} of linear "
-              f"from {row['baseline_world_size']}" for row in report["scaling"]]
+              f"from {row['baseline_world_size']}" for row in report["scaling"]
+              if row["world_size"] != row["baseline_world_size"]]
     for comparison in report["comparison"]:
         source = comparison["source"]
         if comparison["comparable"]:
