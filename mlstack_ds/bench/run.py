@@ -119,15 +119,9 @@ def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *,
         staged = launch.stage_worker(launch_dir / "code")
         args = worker_args(spec, stage, out_dir, run_id)
         env = launch.worker_env({**os.environ, **extra_env}, staged)
-        node_list: list[nodes.Node] = []
-        if hosts is not None and spec.hostfile is not None:
-            argv = launch.deepspeed_argv(python, spec.hostfile, hosts, launch.free_port(), args)
-            env_file = nodes.write_env_file(launch_dir / "deepspeed_env",
-                                            {**env, launch.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
-            env[nodes.ENV_FILE_VARIABLE] = str(env_file)
-            node_list = nodes.prepare(hosts, python, launch_dir, env=env, status=status)
-        else:
-            argv = launch.torchrun_argv(python, world_size, launch.free_port(), args)
+        argv, node_list = nodes.launch_command(python, args, env, launch_dir=launch_dir, run_id=run_id,
+                                               world_size=world_size, hosts=hosts, hostfile=spec.hostfile,
+                                               status=status)
         watcher = ProgressWatcher(out_dir / "progress.jsonl", stage, status)
         watcher.start()
         try:

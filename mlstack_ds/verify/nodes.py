@@ -25,6 +25,7 @@ from mlstack_ds import runner
 from mlstack_ds.errors import EnvironmentProblem
 from mlstack_ds.multinode import remote
 from mlstack_ds.multinode.hostfile import HostEntry, rank_layout
+from mlstack_ds.verify import launch
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # What the ranks need from this host's environment, by prefix: our own markers and test hooks, DeepSpeed's
@@ -43,6 +44,20 @@ class Node:
 
     def to_json(self) -> dict[str, object]:
         return {"host": self.host, "ranks": list(self.ranks), "files": "shared" if self.shared else "copied"}
+
+
+def launch_command(python: Path, args: Sequence[str], env: dict[str, str], *, launch_dir: Path, run_id: str,
+                   world_size: int, hosts: Sequence[HostEntry] | None, hostfile: Path | None,
+                   status: Callable[[str], None]) -> tuple[list[str], list[Node]]:
+    """The launcher's argv for one launch of the worker (`args`) and the nodes it runs on: torchrun on this
+    machine, or, with a hostfile, DeepSpeed's launcher over `hosts`, after the ranks' env file is written
+    into `launch_dir` (`env` then names it) and every node is checked and given the launch directory."""
+    if hosts is None or hostfile is None:
+        return launch.torchrun_argv(python, world_size, launch.free_port(), args), []
+    argv = launch.deepspeed_argv(python, hostfile, hosts, launch.free_port(), args)
+    env_file = write_env_file(launch_dir / "deepspeed_env", {**env, launch.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
+    env[ENV_FILE_VARIABLE] = str(env_file)
+    return argv, prepare(hosts, python, launch_dir, env=env, status=status)
 
 
 def prepare(hosts: Sequence[HostEntry], python: Path, launch_dir: Path, *,

@@ -130,15 +130,9 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
         args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt,
                                   ds_config=ds_config)
         env = launch.worker_env({**os.environ, **(options.extra_env or {})}, staged)
-        node_list: list[nodes.Node] = []
-        if hosts is not None and options.hostfile is not None:
-            argv = launch.deepspeed_argv(python, options.hostfile, hosts, launch.free_port(), args)
-            env_file = nodes.write_env_file(launch_dir / "deepspeed_env",
-                                            {**env, launch.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
-            env[nodes.ENV_FILE_VARIABLE] = str(env_file)
-            node_list = nodes.prepare(hosts, python, launch_dir, env=env, status=status)
-        else:
-            argv = launch.torchrun_argv(python, world_size, launch.free_port(), args)
+        argv, node_list = nodes.launch_command(python, args, env, launch_dir=launch_dir, run_id=run_id,
+                                               world_size=world_size, hosts=hosts, hostfile=options.hostfile,
+                                               status=status)
         try:
             # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
             outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged)
