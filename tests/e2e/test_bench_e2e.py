@@ -22,6 +22,12 @@ SMALL_BUCKETS = {"zero_optimization": {"reduce_bucket_size": 2_000_000, "allgath
                                        "stage3_prefetch_bucket_size": 2_000_000,
                                        "stage3_max_live_parameters": 2_000_000, "stage3_max_reuse_distance": 2_000_000}}
 
+# The --json document (schema 1, docs/benchmarks.md "bench"): exactly these keys, so a change is deliberate.
+REPORT_KEYS = {"schema", "python", "machine", "spec", "runs", "scaling", "comparison", "ok"}
+RUN_KEYS = {"world_size", "stage", "status", "reason", "samples_per_s", "tokens_per_s", "model_tflops_per_s",
+            "peak_memory_bytes", "peak_memory_kind", "live_tensor_bytes", "precision", "params", "flops_per_sample",
+            "step_times_s", "duration_s", "hosts"}
+
 
 def bench(python: Path | str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mlstack_ds", "bench", "--python", str(python), *args],
@@ -40,6 +46,8 @@ def test_zero0_and_zero3_measured_with_sane_numbers_json_and_plot(target_venv, t
                    "--plot", str(plot), "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
+    assert set(report) == REPORT_KEYS and set(report["machine"]) == {"platform", "arch", "vram_gib"}
+    assert all(set(run) == RUN_KEYS for run in report["runs"])
     assert report["schema"] == 1 and report["ok"] is True
     assert report["spec"]["model"]["name"] == "tiny" and report["spec"]["stages"] == ["0", "3"]
     runs = runs_by_stage(report)
