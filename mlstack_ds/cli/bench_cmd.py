@@ -29,7 +29,7 @@ from mlstack_ds.cli.options import JsonOption, PythonOption
 from mlstack_ds.config.hardware import detect_gpus
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.config.target import validate_in_target
-from mlstack_ds.config.user_config import has_auto
+from mlstack_ds.config.user_config import has_auto, refuse_if_rejected
 from mlstack_ds.console import make_output
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.doctor.dsconfig import read_ds_config
@@ -58,10 +58,7 @@ def checked_base_config(path: Path, python: Path, micro_batch: int, stages: str)
     zero_stages = [s for s in parse_stages(stages) if s != "ddp"]
     judged = {**config, "zero_optimization": {**config.get("zero_optimization", {}),
                                               "stage": int(zero_stages[0]) if zero_stages else 0}}
-    verdict = validate_in_target(python, judged, hidden=TINY.hidden)
-    if not verdict.ok:
-        raise UsageError(f"--config {path}: DeepSpeed rejects {verdict.key or 'it'}: {verdict.message}",
-                         hint=f"fix {verdict.key or 'the config'}, or write one with `mlstack-ds config`")
+    refuse_if_rejected(validate_in_target(python, judged, hidden=TINY.hidden), path)
     return config
 
 

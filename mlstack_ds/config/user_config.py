@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.config.target import validate_in_target
+from mlstack_ds.config.target import Validation, validate_in_target
 from mlstack_ds.doctor.dsconfig import read_ds_config
 from mlstack_ds.errors import UsageError
 from mlstack_ds.verify.worker import training
@@ -20,6 +20,13 @@ def has_auto(value: Any) -> bool:
     return value == "auto"
 
 
+def refuse_if_rejected(verdict: Validation, path: Path) -> None:
+    """DeepSpeed's rejection of the user's config as one usage error naming the key (verify and bench)."""
+    if not verdict.ok:
+        raise UsageError(f"{OPTION} {path}: DeepSpeed rejects {verdict.key or 'it'}: {verdict.message}",
+                         hint=f"fix {verdict.key or 'the config'}, or write one with `mlstack-ds config`")
+
+
 def load_checked_config(path: Path, python: Path) -> dict[str, Any]:
     """The config DeepSpeed in `python` accepts; hjson syntax as DeepSpeed allows; a config with "auto"
     values (Hugging Face's) is checked after transformers filled them, when the target has it."""
@@ -27,7 +34,5 @@ def load_checked_config(path: Path, python: Path) -> dict[str, Any]:
     # "auto" values are filled as the Trainer would for the model the config check trains.
     verdict = validate_in_target(python, config, hf=has_auto(config), micro_batch=training.MICRO_BATCH,
                                  hidden=training.D_MODEL)
-    if not verdict.ok:
-        raise UsageError(f"{OPTION} {path}: DeepSpeed rejects {verdict.key or 'it'}: {verdict.message}",
-                         hint=f"fix {verdict.key or 'the config'}, or write one with `mlstack-ds config`")
+    refuse_if_rejected(verdict, path)
     return config

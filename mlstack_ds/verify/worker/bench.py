@@ -48,16 +48,10 @@ def is_oom(exc):
     return any(marker in text for marker in OOM_MARKERS)
 
 
-def vm_size_bytes():
+def status_bytes(field):
+    """A size line of /proc/self/status (VmSize: the address space) in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmSize:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def rss_bytes():
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -74,7 +68,7 @@ def apply_memory_cap(ctx, cap):
         ctx.torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
         return "accelerator"
     ctx.torch.ones(1024, 1024).sum()  # start torch's thread pool before the cap, so its stacks are not counted
-    limit = vm_size_bytes() + cap
+    limit = status_bytes("VmSize") + cap
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     return "address space"
@@ -88,7 +82,7 @@ def choose_precision(requested, acc):
     return "bf16" if acc.is_bf16_supported() else "fp16"
 
 
-def zero_config(args, world_size, precision):
+def zero_config(args, precision):
     config = {}
     if args.ds_config:
         config = json.loads(Path(args.ds_config).read_text(encoding="utf-8"))
@@ -156,8 +150,7 @@ def run(ctx, args, result, progress):
     device = acc.current_device_name() if acc._name != "cpu" else "cpu"
     torch.manual_seed(1234)
     result["phase"] = "model"
-    result["rss_before_model_bytes"] = rss_bytes()
-    config = None if args.stage == "ddp" else zero_config(args, ctx.world_size, precision)
+    config = None if args.stage == "ddp" else zero_config(args, precision)
     # ZeRO-3 builds the model already partitioned (zero.Init), as users of large models do: a full copy
     # on every rank first would be the peak the stage exists to avoid.
     building = (ctx.deepspeed.zero.Init(config_dict_or_path=config) if config and int(args.stage) == 3
@@ -166,7 +159,6 @@ def run(ctx, args, result, progress):
         model = build_model(torch, vocab=args.vocab, d_model=args.hidden, d_ff=4 * args.hidden,
                             n_layers=args.layers, n_heads=args.heads)
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-    result["rss_after_model_bytes"] = rss_bytes()
     result["params"] = n_params
     embedding = getattr(model.embed.weight, "ds_numel", model.embed.weight.numel())
     result["flops_per_sample"] = flops_per_sample(n_params, embedding, args.layers, args.hidden, args.seq_len)
@@ -205,7 +197,6 @@ def run(ctx, args, result, progress):
                 engine.backward(loss)
                 engine.step()
             return loss
-    result["rss_after_initialize_bytes"] = rss_bytes()
     result["gradient_accumulation_steps"] = gas
     result["samples_per_step"] = args.micro_batch * gas * ctx.world_size
     times = []
