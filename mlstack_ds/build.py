@@ -1,4 +1,4 @@
-"""Build stage: fetch + patch the pinned source, then `pip wheel` it into a content-addressed cache.
+"""Build stage: fetch + patch the pinned source, then build its wheel into a content-addressed cache.
 
 Why a wheel cache keyed by the plan: the same plan (source pin, patches, targets, flags, torch)
 always gives the same wheel, so a second install — or a rollback — needs no compiler at all.
@@ -110,7 +110,7 @@ def build_wheel(
         at_once = f", {concurrency.ops_at_once} at once" if concurrency and concurrency.ops_at_once > 1 else ""
         status(f"building ops: {', '.join(plan.built_ops) or 'none'}{at_once} (log: {log_path})")
         out = staging / "wheel"
-        argv = [plan.target_python, *plan.pip_wheel_args, "-v", "-w", str(out), str(tree.path)]
+        argv = wheel_command(plan.target_python, tree.path, out)
         env = {**plan_env(plan, base_env), **build_time_env(plan, tree.path, staging, base_env)}
         op_logs = OpLogs(log_path.with_suffix(".ops"))
 
@@ -135,7 +135,7 @@ def build_wheel(
                              hint=f"full log: {log_path}")
         wheels = sorted(out.glob("deepspeed-*.whl"))
         if len(wheels) != 1:
-            raise BuildError(f"pip wheel produced {len(wheels)} DeepSpeed wheels", hint=f"full log: {log_path}")
+            raise BuildError(f"the build produced {len(wheels)} DeepSpeed wheels", hint=f"full log: {log_path}")
         (out / "build.json").write_text(json.dumps(
             {"source_commit": commit, "tree_hash": tree_hash, "plan": plan.to_dict(), "log": str(log_path)},
             indent=2))
@@ -145,6 +145,28 @@ def build_wheel(
         publish(out, final_dir)
     wheel = final_dir / wheels[0].name
     return BuiltWheel(wheel, sha256_of(wheel), commit, tree_hash, False, log_path, time.monotonic() - started)
+
+
+# A tree without pyproject.toml (every DeepSpeed sdist) is built by setuptools' legacy PEP 517 backend.
+# pip runs such a setup.py twice, once for the metadata and once for the wheel, and DeepSpeed's setup.py
+# imports torch, probes the compilers and asks py-cpuinfo (a subprocess of a second) for each CPU op every
+# time: about 10 s of a cold build here, on one core, before any op compiles. The wheel needs only the
+# second run, PEP 517's `build_wheel` hook, which is all `python -m build --no-isolation --wheel` calls.
+_LEGACY_BUILD_WHEEL = """\
+import sys
+from setuptools import build_meta
+print("built", build_meta.__legacy__.build_wheel(sys.argv[1]), flush=True)
+"""
+
+
+def wheel_command(python: str, tree: Path, out: Path) -> list[str]:
+    """The command that builds `tree`'s wheel into `out` with `python` (the target's torch and setuptools).
+    A tree that declares its own build system (pyproject.toml) goes through pip, which reads it."""
+    out.mkdir(parents=True, exist_ok=True)
+    if (tree / "pyproject.toml").exists():
+        return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", "-v",
+                "-w", str(out), str(tree)]
+    return [python, "-u", "-c", _LEGACY_BUILD_WHEEL, str(out)]
 
 
 def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping[str, str]) -> dict[str, str]:

@@ -74,7 +74,6 @@ class BuildPlan:
     target_python: str
     python_version: str
     torch_version: str
-    pip_wheel_args: tuple[str, ...]
     cache_key: str
     notes: tuple[str, ...] = field(default_factory=tuple)
     targets_source: str = ""  # ROCm: "flag" (--arch), "environment" (PYTORCH_ROCM_ARCH) or "detected"
@@ -171,7 +170,6 @@ def make_plan(
         # compiler command of ninja builds.
         env["PYTORCH_NVCC"] = f"{toolchain.ccache} {toolchain.hipcc}"
     path_prepend = (toolchain.ccache_dir,) if toolchain.ccache_dir else ()
-    pip_args = ("-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir")
     key_material = {
         # The pin is the content, whichever way it arrives (PyPI, a URL or a file with the same sha256 are
         # one tree); the kind of source is not part of the key.
@@ -187,7 +185,7 @@ def make_plan(
         source_pin=source_pin, patches=patch_refs, platform=platform, accelerator=build.accelerator,
         archs=archs, wavefront=wavefront, ops=tuple(decisions), env=dict(sorted(env.items())),
         path_prepend=path_prepend, target_python=environment.python.executable,
-        python_version=environment.python.version, torch_version=torch.version, pip_wheel_args=pip_args,
+        python_version=environment.python.version, torch_version=torch.version,
         cache_key=cache_key, notes=tuple(notes), targets_source=targets_source, concurrency=concurrency,
     )
 

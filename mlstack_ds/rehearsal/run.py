@@ -2,7 +2,7 @@
 
 The fake host (`machine.py`) stands in for ROCm and the GPU; everything of ours runs as in a real
 install: `detect` on the fake host, `make_plan`, and the build stage's own fetch, patch and
-`pip wheel`. The compilers only record their command lines (`records.py`), so the result is the exact
+wheel build. The compilers only record their command lines (`records.py`), so the result is the exact
 set of compile lines a ROCm user's build would run, per op, and DeepSpeed's own record of what it
 built. No device code is generated and no ROCm torch header is read: see docs/rocm-build-matrix.md.
 
