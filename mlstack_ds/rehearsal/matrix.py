@@ -3,7 +3,7 @@
 Why these rows: every machine the issue names (the guide's RX 7900 XTX, MI210/MI250, MI300X, RX 6900 XT,
 RX 9070, a node with two wave32 archs), every ROCm release (6.2, 6.4, 7.0) and torch before 2.12, from
 2.12 (extensions built as C++20) and from 2.14 (headers refuse C++17) appear at least once, without the
-full product of them (each rehearsal runs DeepSpeed's setup.py to a wheel: about 30 s on 2 cores).
+full product of them (each rehearsal runs DeepSpeed's setup.py to a wheel: about 15 s on 2 cores).
 Machines with a real rocminfo capture replay it; MI300X and RX 9070 are rehearsed as GPU-less build
 hosts (the capture of Debian's rocminfo on this CI machine) with the targets named, which is how
 such wheels are built for clusters and images anyway. The second pin (0.19.8) gets the two rows where
