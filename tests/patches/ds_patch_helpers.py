@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +33,14 @@ def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | N
     child_env.update(env or {})
     return run([sys.executable, *map(str, args)], env=child_env, cwd=tree, timeout=timeout)
 
+
+
+def probe_result(tree: Path, *args: str | Path, env: Mapping[str, str] | None = None, timeout: float = 300) -> Any:
+    """Run a probe in `tree` (run_python_in_tree) that prints one `RESULT <json>` line; that JSON."""
+    result = run_python_in_tree(tree, *args, env=env, timeout=timeout)
+    assert result.ok, result.tail(40)
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
 
 def fake_tool(directory: Path, name: str, output: str, returncode: int = 0) -> Path:
     """An executable `name` in `directory` that prints `output` (a real capture) and exits."""

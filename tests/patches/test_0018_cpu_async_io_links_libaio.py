@@ -9,10 +9,9 @@ op really loads is what the e2e install shows (verify's prebuilt_ops and nvme_of
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ds_patch_helpers import run_python_in_tree
+from ds_patch_helpers import probe_result
 
 PROBE = """
 import json
@@ -25,10 +24,7 @@ print("RESULT " + json.dumps({"setup": SetupBuilder().builder().libraries,
 
 def test_prebuilt_async_io_is_linked_with_libaio(ds_tree: tuple[str, Path]) -> None:
     kind, tree = ds_tree
-    result = run_python_in_tree(tree, "-c", PROBE)
-    assert result.ok, result.tail(40)
-    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("RESULT "))
-    libraries = json.loads(line.removeprefix("RESULT "))
+    libraries = probe_result(tree, "-c", PROBE)
     assert all("torch" in libs for libs in libraries.values()), libraries  # torch's CppExtension libraries
     linked = {copy: "aio" in libs for copy, libs in libraries.items()}
     # pristine: no libaio, so io_submit is undefined when the prebuilt op loads

@@ -8,21 +8,17 @@ setuptools' parallel option, and reports where the ninja files went and what was
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import run_python_in_tree
+from ds_patch_helpers import probe_result
 
 PROBE = Path(__file__).parent / "probes" / "parallel_build_probe.py"
 
 
 def build(tree: Path, project: Path, parallel: int, *extensions: str) -> dict:
-    result = run_python_in_tree(tree, PROBE, tree / "setup.py", project, str(parallel), *extensions,
-                                env={"DS_ENABLE_NINJA": "1", "MAX_JOBS": "1"}, timeout=300)
-    assert result.ok, result.tail(40)
-    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return probe_result(tree, PROBE, tree / "setup.py", project, str(parallel), *extensions,
+                        env={"DS_ENABLE_NINJA": "1", "MAX_JOBS": "1"}, timeout=300)
 
 
 def test_ops_built_at_once_each_get_their_own_build_directory(ds_tree: tuple[str, Path], tmp_path: Path) -> None:

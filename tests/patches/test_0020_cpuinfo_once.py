@@ -7,10 +7,9 @@ answer (the counter wraps it), for CPU ops built by setup.py and one loaded at r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ds_patch_helpers import run_python_in_tree
+from ds_patch_helpers import probe_result
 
 PROBE = """
 import json
@@ -33,10 +32,7 @@ print("RESULT " + json.dumps({"setup_calls": setup_calls, "runtime_calls": len(c
 
 def test_py_cpuinfo_is_asked_once_per_process(ds_tree: tuple[str, Path]) -> None:
     kind, tree = ds_tree
-    result = run_python_in_tree(tree, "-c", PROBE)
-    assert result.ok, result.tail(40)
-    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("RESULT "))
-    found = json.loads(line.removeprefix("RESULT "))
+    found = probe_result(tree, "-c", PROBE)
     # the flags come from py-cpuinfo's answer either way: -march=native and this CPU's SIMD width
     assert all("-march=native" in args and any(a.startswith("-D__") for a in args)
                for args in [*found["flags"].values(), found["runtime_flags"]]), found
