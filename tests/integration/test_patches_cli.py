@@ -30,7 +30,9 @@ def cli_series(pristine_tree_template: Path, tmp_path_factory: pytest.TempPathFa
     root = tmp_path_factory.mktemp("cli-series")
     maker = PatchMaker(pristine_tree_template, root / "work")
     builder = "op_builder/builder.py"
-    good = maker.diff(insert_line(builder, 10, "# mlstack-ds cli marker"),
+    # After the licence header: the shipped series changes builder.py's imports, and this patch is also
+    # applied on top of that series.
+    good = maker.diff(insert_line(builder, 4, "# mlstack-ds cli marker"),
                       new_file("deepspeed/mlstack_cli_marker.py", "CLI = True\n"))
     bad = maker.diff(replace_text("version.txt", "9.9.9", "9.9.10"),
                      base=(replace_text("version.txt", "0.19.5", "9.9.9"),))
