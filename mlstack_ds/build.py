@@ -110,6 +110,7 @@ def build_wheel(
         at_once = f", {concurrency.ops_at_once} at once" if concurrency and concurrency.ops_at_once > 1 else ""
         status(f"building ops: {', '.join(plan.built_ops) or 'none'}{at_once} (log: {log_path})")
         out = staging / "wheel"
+        out.mkdir()
         argv = wheel_command(plan.target_python, tree.path, out)
         env = {**plan_env(plan, base_env), **build_time_env(plan, tree.path, staging, base_env)}
         op_logs = OpLogs(log_path.with_suffix(".ops"))
@@ -161,8 +162,8 @@ print("built", build_meta.__legacy__.build_wheel(sys.argv[1]), flush=True)
 
 def wheel_command(python: str, tree: Path, out: Path) -> list[str]:
     """The command that builds `tree`'s wheel into `out` with `python` (the target's torch and setuptools).
-    A tree that declares its own build system (pyproject.toml) goes through pip, which reads it."""
-    out.mkdir(parents=True, exist_ok=True)
+    A tree that declares its own build system (pyproject.toml) goes through pip, which reads it. `out` must
+    exist (setuptools' hook stages the wheel inside it)."""
     if (tree / "pyproject.toml").exists():
         return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", "-v",
                 "-w", str(out), str(tree)]

@@ -29,6 +29,8 @@ setup(name="tiny", version="1.0", py_modules=["tiny"])
 
 
 def tree(tmp_path: Path, *, pyproject: bool) -> Path:
+    """A small project whose setup.py counts its runs, and the empty output directory `tmp_path/out`."""
+    (tmp_path / "out").mkdir()
     root = tmp_path / "tree"
     root.mkdir()
     (root / "setup.py").write_text(COUNTING_SETUP)
