@@ -30,7 +30,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from mlstack_ds.verify import launch  # noqa: E402
+from mlstack_ds.launch import process as launch  # noqa: E402
 
 NAIVE_STAGES = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "checkpoint")
 GOAL_S = 60.0

@@ -8,7 +8,7 @@ from pathlib import Path
 from mlstack_ds.config.hardware import Hardware
 from mlstack_ds.config.model import PRESETS
 from mlstack_ds.config.rules import AMD_SPECIFIC_SECTION, ORDER, config_for
-from mlstack_ds.config.target import TargetAnswer, ask_target
+from mlstack_ds.dsconfig.target import TargetAnswer, ask_target
 
 GiB = 2**30
 RX_7900_XTX_X2 = Hardware("rocm", 2, 1, 24 * GiB, 256 * GiB, "gfx1100", "Radeon RX 7900 XTX", ())

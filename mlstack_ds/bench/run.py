@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.bench.spec import BenchSpec
+from mlstack_ds.cluster import hostfile
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import EnvironmentProblem, Interrupted
-from mlstack_ds.multinode import hostfile
-from mlstack_ds.verify import launch, nodes
+from mlstack_ds.launch import nodes
+from mlstack_ds.launch import process as launch
 from mlstack_ds.verify.suite import probe_target
 
 BENCH_MODULE = f"{launch.WORKER_MODULE}.bench"

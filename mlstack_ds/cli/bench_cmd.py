@@ -28,11 +28,11 @@ from mlstack_ds.bench.spec import (
 from mlstack_ds.cli.options import JsonOption, PythonOption
 from mlstack_ds.config.hardware import detect_gpus
 from mlstack_ds.config.sizes import parse_size
-from mlstack_ds.config.target import validate_in_target
-from mlstack_ds.config.user_config import has_auto, refuse_if_rejected
 from mlstack_ds.console import make_output
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.doctor.dsconfig import read_ds_config
+from mlstack_ds.dsconfig.check import has_auto, refuse_if_rejected
+from mlstack_ds.dsconfig.read import read_ds_config
+from mlstack_ds.dsconfig.target import validate_in_target
 from mlstack_ds.errors import BenchFailed, UsageError
 
 BENCH_HELP = (

@@ -10,17 +10,17 @@ import typer
 from rich.text import Text
 
 from mlstack_ds.cli.options import JsonOption, PythonOption, RecipeOption
+from mlstack_ds.cluster.hostfile import hostfile_world_size, parse_hostfile
 from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.doctor import diagnose
 from mlstack_ds.doctor.cluster import diagnose_cluster
-from mlstack_ds.doctor.dsconfig import read_nvme_offload
 from mlstack_ds.doctor.logs import match_log_stream
 from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.report import render_markdown
 from mlstack_ds.doctor.rules import RULES
+from mlstack_ds.dsconfig.read import read_nvme_offload
 from mlstack_ds.errors import EnvironmentProblem, ExitCode, UsageError
-from mlstack_ds.multinode.hostfile import hostfile_world_size, parse_hostfile
 from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

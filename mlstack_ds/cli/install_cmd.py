@@ -12,8 +12,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from mlstack_ds.build import BuildProgress
-from mlstack_ds.buildjobs import BuildConcurrency
+from mlstack_ds.build.wheel import BuildProgress
 from mlstack_ds.cli.options import (
     DEFAULT_RECIPE,
     DEFAULT_SOURCE,
@@ -33,12 +32,14 @@ from mlstack_ds.cli.options import (
 from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
-from mlstack_ds.install import check_health, probe_installed, rollback, uninstall
-from mlstack_ds.multinode.install import run_hostfile_install
-from mlstack_ds.pipeline import InstallRequest, healthy, prepare, run_build, run_install
-from mlstack_ds.plan import BuildPlan
-from mlstack_ds.receipt import read_receipt, receipt_path
-from mlstack_ds.targets import TARGET_SOURCE_TEXT
+from mlstack_ds.install.nodes import run_hostfile_install
+from mlstack_ds.install.pipeline import InstallRequest, healthy, prepare, run_build, run_install
+from mlstack_ds.install.wheel import rollback, uninstall
+from mlstack_ds.installed.health import check_health, probe_installed
+from mlstack_ds.installed.receipt import read_receipt, receipt_path
+from mlstack_ds.plan.buildjobs import BuildConcurrency
+from mlstack_ds.plan.buildplan import BuildPlan
+from mlstack_ds.plan.targets import TARGET_SOURCE_TEXT
 from mlstack_ds.verify.report import VerifyReport, render_report
 
 

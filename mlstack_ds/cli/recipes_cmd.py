@@ -6,10 +6,10 @@ from typing import Annotated, Any
 
 import typer
 
-from mlstack_ds.buildspec import parse_platform
 from mlstack_ds.cli.options import JsonOption, RecipeOption
 from mlstack_ds.console import make_output, print_records
 from mlstack_ds.errors import UsageError
+from mlstack_ds.plan.buildspec import parse_platform
 from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
 
 

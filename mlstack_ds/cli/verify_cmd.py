@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from mlstack_ds.cli.options import JsonOption, PythonOption
-from mlstack_ds.config.user_config import load_checked_config
 from mlstack_ds.console import make_output
 from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.dsconfig.check import load_checked_config
 from mlstack_ds.errors import VerifyFailed
 from mlstack_ds.verify.checks import CHECK_NAMES
 from mlstack_ds.verify.report import render_report

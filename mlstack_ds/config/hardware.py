@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlstack_ds.buildjobs import read_meminfo_bytes
 from mlstack_ds.detect import probes
 from mlstack_ds.detect.model import GpuAgent, Platform
 from mlstack_ds.errors import UsageError
+from mlstack_ds.plan.buildjobs import read_meminfo_bytes
 
 
 @dataclass(frozen=True)

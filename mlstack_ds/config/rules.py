@@ -15,7 +15,7 @@ from mlstack_ds import gfx
 from mlstack_ds.config.hardware import Hardware
 from mlstack_ds.config.model import ModelShape
 from mlstack_ds.config.sizes import gib
-from mlstack_ds.config.target import Estimate
+from mlstack_ds.dsconfig.target import Estimate
 from mlstack_ds.errors import ExitCode, MlstackError
 
 # Patch 0013 (patches/*/0013-zero-config-smaller-default-buckets-on-ROCm-GPUs-under-64-GiB.patch):

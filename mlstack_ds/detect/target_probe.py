@@ -32,8 +32,21 @@ from typing import Any
 
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
 from mlstack_ds.errors import ToolError, ToolTimedOut
-from mlstack_ds.integrity import RECORD_LOCATOR
 from mlstack_ds.runner import Background, run_in_background
+
+# Python run in the *target* interpreter (prepended to a probe that has `from importlib import metadata`):
+# where the installed distribution's RECORD is, through importlib.metadata's public API.
+RECORD_LOCATOR = r'''
+def _mlstack_record(name):
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    for item in dist.files or ():
+        if item.name == "RECORD" and item.parent.name.endswith(".dist-info"):
+            return str(dist.locate_file(item))
+    return None
+'''
 
 BASE_MARKER = "MLSTACK_TARGET_BASE:"
 TORCH_MARKER = "MLSTACK_TARGET_TORCH:"

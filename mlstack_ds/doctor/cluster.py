@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds import runner
+from mlstack_ds.cluster.hostfile import HostEntry
+from mlstack_ds.cluster.nodeprobe import IFNAME_VARIABLES, NodeFacts, probe_node
+from mlstack_ds.cluster.remote import MAX_PARALLEL_NODES
 from mlstack_ds.doctor.cluster_input import ClusterInput
 from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
-from mlstack_ds.multinode.hostfile import HostEntry
-from mlstack_ds.multinode.nodeprobe import IFNAME_VARIABLES, NodeFacts, probe_node
-from mlstack_ds.multinode.remote import MAX_PARALLEL_NODES
 
 
 @dataclass(frozen=True)

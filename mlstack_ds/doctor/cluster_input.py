@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlstack_ds.multinode.nodeprobe import IFNAME_VARIABLES, NodeFacts
+from mlstack_ds.cluster.nodeprobe import IFNAME_VARIABLES, NodeFacts
 
 
 @dataclass(frozen=True)

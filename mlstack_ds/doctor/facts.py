@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlstack_ds import gfx
-from mlstack_ds.deepspeed_build import DeepSpeedBuild, read_deepspeed_build
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.probes import find_rocm_root
 from mlstack_ds.detect.target_probe import TargetFacts, probe_target
+from mlstack_ds.detect.toolchain import CXX_NAMES, find_cxx, has_libaio_headers
 from mlstack_ds.doctor.jitlocks import JitLockScan, scan_jit_locks
 from mlstack_ds.doctor.shmsegments import ShmScan, scan_shm_segments
-from mlstack_ds.install import InstalledState, check_health
-from mlstack_ds.integrity import check_files
-from mlstack_ds.receipt import ReceiptError, read_receipt, receipt_path
+from mlstack_ds.installed.build_record import DeepSpeedBuild, read_deepspeed_build
+from mlstack_ds.installed.health import InstalledState, check_health
+from mlstack_ds.installed.integrity import check_files
+from mlstack_ds.installed.receipt import ReceiptError, read_receipt, receipt_path
 from mlstack_ds.runner import which
-from mlstack_ds.toolchain import CXX_NAMES, find_cxx, has_libaio_headers
 
 FACTS_TIMEOUT_S = 60.0
 COMPILERS = CXX_NAMES

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mlstack_ds.buildjobs import BuildConcurrency, plan_concurrency
+from mlstack_ds.plan.buildjobs import BuildConcurrency, plan_concurrency
 from mlstack_ds.rehearsal.records import OpBuild
 
 GIB = 1024**3

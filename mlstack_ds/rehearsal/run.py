@@ -25,19 +25,19 @@ from typing import Any
 
 from packaging.version import Version
 
-from mlstack_ds.build import build_wheel
-from mlstack_ds.deepspeed_build import parse_git_version_info
+from mlstack_ds.build.wheel import build_wheel
 from mlstack_ds.detect import detect
+from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.errors import MlstackError
+from mlstack_ds.installed.build_record import parse_git_version_info
 from mlstack_ds.patches import series_for_recipe
-from mlstack_ds.plan import BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.buildplan import BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.rehearsal.machine import FakeTorch, RocmLayout, make_fake_host
 from mlstack_ds.rehearsal.records import OpBuild, Record, group_by_op, load_records
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.fetch import SourceSpec, source_pin
-from mlstack_ds.targets import parse_arch_option
-from mlstack_ds.toolchain import probe_toolchain
 
 # Ops that cannot be built for ROCm (docs/rocm-ops.md): NVIDIA-only pieces (CUTLASS, dskernels, cuFile,
 # PTX) or triton 1.x. A ROCm build must never attempt them.

@@ -1,7 +1,7 @@
 """The check table: every check `verify` knows, what it needs, whether it runs by default, and which
 launch it shares.
 
-The checks themselves, and their table, live in the worker package (`mlstack_ds/verify/worker/`), which
+The checks themselves, and their table, live in the worker package (`mlstack_ds/worker/`), which
 runs in the target interpreter; this module is the tool's view of that table.
 
 Checks in the same `launch` group run in one `torch.distributed.run` launch (start-up and process-group
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mlstack_ds.errors import UsageError
-from mlstack_ds.verify.worker import registry as worker_registry
+from mlstack_ds.worker import registry as worker_registry
 
 SHARED_LAUNCH = "shared"
 
@@ -30,7 +30,7 @@ class CheckSpec:
     launch: str = SHARED_LAUNCH
 
 
-# The worker's own table (mlstack_ds/verify/worker/registry.py) is the one place a check is declared;
+# The worker's own table (mlstack_ds/worker/registry.py) is the one place a check is declared;
 # the tool reads it here without running anything (the worker imports torch and deepspeed lazily).
 CHECKS: tuple[CheckSpec, ...] = tuple(
     CheckSpec(c.name, c.summary, tuple(c.needs), c.default, c.launch) for c in worker_registry.all_checks())

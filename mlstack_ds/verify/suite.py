@@ -16,12 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mlstack_ds.cluster import hostfile
 from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, Interrupted, UsageError
-from mlstack_ds.multinode import hostfile
-from mlstack_ds.verify import launch, nodes
+from mlstack_ds.launch import nodes
+from mlstack_ds.launch import process as launch
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
 

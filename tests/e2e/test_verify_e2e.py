@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from mlstack_ds.verify import launch
+from mlstack_ds.launch import process as launch
 from mlstack_ds.verify.suite import VerifyOptions
 from mlstack_ds.verify.suite import run_verify as run_suite
-from mlstack_ds.verify.worker import hf_checks
+from mlstack_ds.worker import hf_checks
 
 pytestmark = pytest.mark.slow
 

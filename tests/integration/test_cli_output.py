@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.receipt import PreviousInstall, Receipt, receipt_path
+from mlstack_ds.installed.receipt import PreviousInstall, Receipt, receipt_path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MASK_ERROR = FIXTURES / "doctor-logs" / "mask-64bit_ds-7565.txt"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from mlstack_ds.cluster.hostfile import parse_hostfile
 from mlstack_ds.errors import ExitCode, UsageError
-from mlstack_ds.multinode.hostfile import parse_hostfile
-from mlstack_ds.verify import launch
+from mlstack_ds.launch import process as launch
 
 # name -> (content, line our refusal names, or None when accepted or the whole file is at fault)
 CASES: dict[str, tuple[bytes, int | None]] = {

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.install import probe_installed
-from mlstack_ds.integrity import check_files, parse_record, record_digest
-from mlstack_ds.receipt import receipt_path
-from mlstack_ds.repack import repack_installed
+from mlstack_ds.install.repack import repack_installed
+from mlstack_ds.installed.health import probe_installed
+from mlstack_ds.installed.integrity import check_files, parse_record, record_digest
+from mlstack_ds.installed.receipt import receipt_path
 
 OP_BYTES = bytes(range(256)) * 400  # stands in for a compiled op library
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.build import build_wheel
+from mlstack_ds.build.wheel import build_wheel
 from mlstack_ds.errors import BuildError
-from mlstack_ds.pipeline import InstallRequest, prepare
-from mlstack_ds.plan import PatchRef
+from mlstack_ds.install.pipeline import InstallRequest, prepare
+from mlstack_ds.plan.buildplan import PatchRef
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.fetch import parse_source_spec, source_pin

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.build import wheel_command
+from mlstack_ds.build.wheel import wheel_command
 
 COUNTING_SETUP = """\
 import os

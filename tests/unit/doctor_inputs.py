@@ -7,7 +7,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.deepspeed_build import DeepSpeedBuild
 from mlstack_ds.detect.environment import decide_platform
 from mlstack_ds.detect.model import (
     TRACKED_ENV_VARS,
@@ -21,6 +20,7 @@ from mlstack_ds.detect.model import (
 from mlstack_ds.detect.rocminfo import gpu_agents, parse_rocminfo
 from mlstack_ds.doctor.facts import SystemFacts
 from mlstack_ds.doctor.model import DoctorInput
+from mlstack_ds.installed.build_record import DeepSpeedBuild
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REAL = FIXTURES / "real"

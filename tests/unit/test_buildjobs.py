@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.buildjobs import GIB, MEMORY_RESERVE, plan_concurrency, read_mem_available
+from mlstack_ds.plan.buildjobs import GIB, MEMORY_RESERVE, plan_concurrency, read_mem_available
 
 
 @pytest.mark.parametrize(("cpus", "ops", "archs", "platform", "expected"), [

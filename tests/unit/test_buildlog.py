@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mlstack_ds.buildlog import OpLogs, op_name
+from mlstack_ds.build.oplogs import OpLogs, op_name
 
 LOG = Path(__file__).parents[1] / "fixtures" / "build-logs" / "cpu-3-ops-2-at-once_0.19.5.log"
 

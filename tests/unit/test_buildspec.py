@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlstack_ds.buildspec import parse_platform
 from mlstack_ds.errors import UsageError
+from mlstack_ds.plan.buildspec import parse_platform
 from mlstack_ds.recipe import list_recipes
 
 

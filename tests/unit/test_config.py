@@ -17,8 +17,8 @@ from mlstack_ds.config.hardware import Hardware, plan_hardware
 from mlstack_ds.config.model import PRESETS, model_from_dims, model_from_hf_config, resolve_model
 from mlstack_ds.config.rules import ORDER, ConfigDoesNotFit, config_for, make_plan
 from mlstack_ds.config.sizes import parse_size
-from mlstack_ds.config.target import Estimate, check_batch_keys
 from mlstack_ds.detect.model import GpuAgent
+from mlstack_ds.dsconfig.target import Estimate, check_batch_keys
 from mlstack_ds.errors import ExitCode, UsageError
 
 GiB = 2**30
@@ -251,8 +251,8 @@ def test_batch_keys_must_multiply_out() -> None:
 # --- verify --config -------------------------------------------------------------------------------------
 
 def test_the_config_check_keeps_the_users_zero_and_precision_and_names_what_it_replaces() -> None:
-    from mlstack_ds.verify.worker import training
-    from mlstack_ds.verify.worker.config_checks import suite_config
+    from mlstack_ds.worker import training
+    from mlstack_ds.worker.config_checks import suite_config
 
     planned = config_for(PRESETS["6.7b"], hardware(), (3, True, False), micro_batch=1, hf=False, amd_specific=True)[0]
     config, replaced, precision = suite_config(planned)
@@ -272,7 +272,7 @@ def test_the_config_check_keeps_the_users_zero_and_precision_and_names_what_it_r
 def test_the_config_check_needs_a_config(tmp_path: Path) -> None:
     import sys
 
-    from mlstack_ds.verify import launch
+    from mlstack_ds.launch import process as launch
     from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
     with pytest.raises(UsageError, match="the config check needs --config FILE"):

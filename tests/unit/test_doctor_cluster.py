@@ -10,13 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
-from mlstack_ds.detect.target_probe import TargetFacts
-from mlstack_ds.doctor.cluster import run_cluster_rules
-from mlstack_ds.doctor.cluster_input import ClusterInput, common_interface
-from mlstack_ds.doctor.model import Finding
-from mlstack_ds.doctor.rules import RULES, rule_by_id
-from mlstack_ds.multinode.nodeprobe import (
+from mlstack_ds.cluster.nodeprobe import (
     InterfaceAddress,
     NodeFacts,
     ReceiptSummary,
@@ -25,6 +19,12 @@ from mlstack_ds.multinode.nodeprobe import (
     parse_ip_addr,
     parse_node_output,
 )
+from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
+from mlstack_ds.detect.target_probe import TargetFacts
+from mlstack_ds.doctor.cluster import run_cluster_rules
+from mlstack_ds.doctor.cluster_input import ClusterInput, common_interface
+from mlstack_ds.doctor.model import Finding
+from mlstack_ds.doctor.rules import RULES, rule_by_id
 
 PYTHON = Path("/opt/venv/bin/python")
 TOOL = Path("/opt/mlstack/bin/python")

@@ -12,7 +12,7 @@ from pathlib import Path
 import hjson
 import pytest
 
-from mlstack_ds.doctor.dsconfig import (
+from mlstack_ds.dsconfig.read import (
     dict_raise_error_on_duplicate_keys,
     offloads_to_nvme,
     read_ds_config,

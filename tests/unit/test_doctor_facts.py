@@ -10,11 +10,11 @@ from pathlib import Path
 
 from doctor_inputs import make_env
 
-from mlstack_ds.deepspeed_build import parse_git_version_info
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo
 from mlstack_ds.detect.target_probe import TargetFacts, probe_target
+from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.doctor.facts import collect_facts, kfd_native_archs, parse_gfx_target_version
-from mlstack_ds.toolchain import probe_toolchain
+from mlstack_ds.installed.build_record import parse_git_version_info
 
 # In the format DeepSpeed 0.19.5's setup.py writes it (setup.py, "git_version_info_installed.py").
 GIT_VERSION_INFO = (

@@ -358,7 +358,7 @@ def test_ds_build_ops_is_a_warning_from_the_environment_and_an_error_from_a_log(
 )
 def test_rocm_arch_refused_with_the_plans_own_words(value: str, message: str) -> None:
     from mlstack_ds.errors import UsageError
-    from mlstack_ds.targets import select_rocm_targets
+    from mlstack_ds.plan.targets import select_rocm_targets
 
     finding = findings_of(mi210s_with(PYTORCH_ROCM_ARCH=value))["MLS-ARCH-003"]
     assert finding.evidence == message

@@ -11,11 +11,11 @@ from fakemachine import REAL, FakeMachine
 from mlstack_ds.detect import detect
 from mlstack_ds.detect.environment import decide_platform
 from mlstack_ds.detect.model import Environment, TorchInfo
+from mlstack_ds.detect.toolchain import Toolchain
 from mlstack_ds.errors import EnvironmentProblem, UsageError
-from mlstack_ds.plan import PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.buildplan import PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import find_recipe
-from mlstack_ds.targets import parse_arch_option
-from mlstack_ds.toolchain import Toolchain
 
 # torch 2.7.1+rocm6.2.4's arch list as it prints it (research: astral-sh/uv#14086 runtime output).
 WHEEL_ARCHS_2_7 = ["gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030", "gfx1100", "gfx1101", "gfx1102",

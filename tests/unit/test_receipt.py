@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mlstack_ds.errors import ExitCode
-from mlstack_ds.receipt import Receipt, ReceiptError, read_receipt, receipt_path, write_receipt
+from mlstack_ds.installed.receipt import Receipt, ReceiptError, read_receipt, receipt_path, write_receipt
 
 
 def valid_receipt(**changes: Any) -> dict[str, Any]:

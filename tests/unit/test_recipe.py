@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.buildspec import parse_platform
 from mlstack_ds.errors import ExitCode, UsageError
+from mlstack_ds.plan.buildspec import parse_platform
 from mlstack_ds.recipe import DEFAULT_RECIPE, RecipeError, find_recipe, list_recipes, load_recipe, recipes_dir
 from mlstack_ds.source import parse_source_spec
 from mlstack_ds.source.fetch import source_pin

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds import buildspec
+from mlstack_ds.plan import buildspec
 from mlstack_ds.recipe import find_recipe
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "rocm-ops.md"

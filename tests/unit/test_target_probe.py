@@ -22,7 +22,7 @@ from mlstack_ds.detect.target_probe import (
 )
 from mlstack_ds.doctor.facts import SystemFacts, collect_facts
 from mlstack_ds.errors import UsageError
-from mlstack_ds.install import installed_state
+from mlstack_ds.installed.health import installed_state
 
 PYTHON = Path(sys.executable)
 

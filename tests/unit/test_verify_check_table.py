@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlstack_ds.verify import launch
+from mlstack_ds.launch import process as launch
 from mlstack_ds.verify.checks import CHECKS
 
 
@@ -27,7 +27,7 @@ def test_staged_worker_lists_the_tools_table(tmp_path: Path) -> None:
 
 
 def test_every_check_has_a_unique_name_a_summary_and_a_runner() -> None:
-    from mlstack_ds.verify.worker.registry import all_checks
+    from mlstack_ds.worker.registry import all_checks
 
     checks = all_checks()
     assert len({c.name for c in checks}) == len(checks)

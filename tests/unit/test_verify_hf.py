@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from mlstack_ds.verify.worker import hf_checks, registry
-from mlstack_ds.verify.worker.protocol import SkipCheck
+from mlstack_ds.worker import hf_checks, registry
+from mlstack_ds.worker.protocol import SkipCheck
 
 GUIDE_AUTO = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
               "fp16.enabled", "bf16.enabled", "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.errors import UsageError
-from mlstack_ds.multinode.hostfile import HostEntry, parse_hostfile
-from mlstack_ds.verify import launch
+from mlstack_ds.launch import process as launch
 
 
 def test_torchrun_argv_uses_loopback_the_given_port_and_no_restarts() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mlstack_ds.verify.worker import protocol, training
+from mlstack_ds.worker import protocol, training
 
 
 @pytest.mark.parametrize(("spec", "rank", "expected"), [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlstack_ds.verify.worker import pipeline_checks, training, zero_checks
+from mlstack_ds.worker import pipeline_checks, training, zero_checks
 
 
 @pytest.mark.parametrize(("world_size", "layout"), [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
+from mlstack_ds.detect.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX
 from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
 from mlstack_ds.doctor.rules.common import rocm_torch
-from mlstack_ds.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX
 
 
 def no_hipcc(inp: DoctorInput) -> Hit | None:

@@ -8,10 +8,10 @@ import re
 from collections.abc import Sequence
 
 from mlstack_ds import gfx
+from mlstack_ds.cluster.nodeprobe import NodeFacts
+from mlstack_ds.cluster.remote import REACH_HINT
 from mlstack_ds.doctor.cluster_input import ClusterInput, common_interface, global_networks, peer_interfaces
 from mlstack_ds.doctor.model import Hit, Rule
-from mlstack_ds.multinode.nodeprobe import NodeFacts
-from mlstack_ds.multinode.remote import REACH_HINT
 
 NAMED_NODES = 3  # a finding names this many nodes per value, then counts the rest (think 100 nodes)
 ENV_FILE_NOTE = ("   # and as NAME=value lines in ~/.deepspeed_env: DeepSpeed's launcher passes that file's "

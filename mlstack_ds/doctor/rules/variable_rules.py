@@ -16,7 +16,7 @@ from mlstack_ds.detect.model import GpuAgent
 from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
 from mlstack_ds.doctor.rules.common import amd_gpus, env_value, rocm_target
 from mlstack_ds.errors import UsageError
-from mlstack_ds.targets import select_rocm_targets
+from mlstack_ds.plan.targets import select_rocm_targets
 
 # DeepSpeed 0.19.5 accelerator/real_accelerator.py SUPPORTED_ACCELERATOR_LIST.
 SUPPORTED_DS_ACCELERATORS = ("cuda", "cpu", "xpu", "npu", "mps", "hpu", "mlu", "sdaa", "supa")
@@ -149,7 +149,7 @@ RULES: tuple[Rule, ...] = (
         "that is wrong for half the targets; `mlstack-ds install` refuses the same values.",
         fix=("export PYTORCH_ROCM_ARCH=\"<gfx targets of one wavefront size>\"", "or unset it"),
         source="F02 (one ROCM_WAVEFRONT_SIZE per build; deepspeedai/DeepSpeed#7565 arch workarounds); "
-        "mlstack_ds.targets.parse_arch_option / select_rocm_targets",
+        "mlstack_ds.plan.targets.parse_arch_option / select_rocm_targets",
         check=rocm_arch_unusable,
     ),
     Rule(

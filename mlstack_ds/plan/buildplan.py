@@ -15,13 +15,13 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from mlstack_ds import buildspec
-from mlstack_ds.buildjobs import BuildConcurrency, plan_concurrency
 from mlstack_ds.detect.model import Environment
+from mlstack_ds.detect.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX, Toolchain, hint_from
 from mlstack_ds.detect.versions import major_minor
 from mlstack_ds.errors import EnvironmentProblem, UsageError
-from mlstack_ds.targets import cuda_arch_list, refuse_targets_torch_lacks, select_rocm_targets
-from mlstack_ds.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX, Toolchain, hint_from
+from mlstack_ds.plan import buildspec
+from mlstack_ds.plan.buildjobs import BuildConcurrency, plan_concurrency
+from mlstack_ds.plan.targets import cuda_arch_list, refuse_targets_torch_lacks, select_rocm_targets
 
 PLAN_SCHEMA = 1
 # How many compiles run at once, and whether they go through ccache, change how fast the wheel is built,

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.config.target import Validation, validate_in_target
-from mlstack_ds.doctor.dsconfig import read_ds_config
+from mlstack_ds.dsconfig.read import read_ds_config
+from mlstack_ds.dsconfig.target import Validation, validate_in_target
 from mlstack_ds.errors import UsageError
-from mlstack_ds.verify.worker import training
+from mlstack_ds.worker import training
 
 OPTION = "--config"
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlstack_ds.cluster import remote
 from mlstack_ds.detect.target_probe import PROBE_SCRIPT, PROBE_TIMEOUT_S, TargetFacts, parse_target_output
 from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
-from mlstack_ds.multinode import remote
-from mlstack_ds.receipt import Receipt
+from mlstack_ds.installed.receipt import Receipt
 
 SECTION = "@@MLSTACK_NODE:"
 RECEIPT_MARKER = "MLSTACK_NODE_RECEIPT:"

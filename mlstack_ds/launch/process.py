@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds import runner
+from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.errors import ToolError, ToolTimedOut
-from mlstack_ds.multinode.hostfile import HostEntry
 
 RUN_ID_ENV = "MLSTACK_VERIFY_RUN_ID"
-# The worker package (mlstack_ds/verify/worker/) is copied into each launch's directory under this name
+# The worker package (mlstack_ds/worker/) is copied into each launch's directory under this name
 # and run with `-m`, so the target interpreter imports it without the tool being installed there.
-WORKER_PACKAGE = Path(__file__).with_name("worker")
+WORKER_PACKAGE = Path(__file__).resolve().parents[1] / "worker"
 WORKER_MODULE = "mlstack_verify_worker"
 
 

@@ -16,22 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.build import BuildProgress, BuiltWheel, build_wheel, cached_wheel
-from mlstack_ds.buildjobs import read_mem_available
+from mlstack_ds.build.wheel import BuildProgress, BuiltWheel, build_wheel, cached_wheel
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment
 from mlstack_ds.detect.environment import detect_with_target
 from mlstack_ds.detect.target_probe import TargetFacts
+from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
-from mlstack_ds.install import InstalledState, check_health, install_wheel, installed_state
+from mlstack_ds.install.wheel import install_wheel
+from mlstack_ds.installed.health import InstalledState, check_health, installed_state
+from mlstack_ds.installed.receipt import Receipt, ReceiptError, read_receipt
 from mlstack_ds.patches import series_for_recipe
-from mlstack_ds.plan import CONCURRENCY_VARIABLES, BuildPlan, PatchRef, PlanOptions, make_plan
-from mlstack_ds.receipt import Receipt, ReceiptError, read_receipt
+from mlstack_ds.plan.buildjobs import read_mem_available
+from mlstack_ds.plan.buildplan import CONCURRENCY_VARIABLES, BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import Recipe, find_recipe
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.fetch import SourceSpec, check_local_source, parse_source_spec, source_pin
-from mlstack_ds.targets import parse_arch_option
-from mlstack_ds.toolchain import probe_toolchain
 from mlstack_ds.verify.report import VerifyReport
 from mlstack_ds.verify.suite import VerifyOptions, run_verify
 

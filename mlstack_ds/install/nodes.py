@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds import gfx, runner
-from mlstack_ds.build import BuildProgress
+from mlstack_ds.build.wheel import BuildProgress
+from mlstack_ds.cluster import remote
+from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
+from mlstack_ds.cluster.tool import ToolRun, check_tool, run_tool
 from mlstack_ds.console import Output
 from mlstack_ds.errors import EnvironmentProblem, ExitCode, InstallError, MlstackError, UsageError
-from mlstack_ds.multinode import remote
-from mlstack_ds.multinode.hostfile import HostEntry, parse_hostfile
-from mlstack_ds.multinode.tool import ToolRun, check_tool, run_tool
-from mlstack_ds.pipeline import InstallRequest, prepare, run_build
-from mlstack_ds.plan import BuildPlan
+from mlstack_ds.install.pipeline import InstallRequest, prepare, run_build
+from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.source.cache import Cache, sha256_of
 from mlstack_ds.verify.report import VerifyReport
 from mlstack_ds.verify.suite import VerifyOptions, run_verify

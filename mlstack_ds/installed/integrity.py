@@ -19,19 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Python run in the *target* interpreter (prepended to a probe that has `from importlib import metadata`):
-# where the installed distribution's RECORD is, through importlib.metadata's public API.
-RECORD_LOCATOR = r'''
-def _mlstack_record(name):
-    try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        return None
-    for item in dist.files or ():
-        if item.name == "RECORD" and item.parent.name.endswith(".dist-info"):
-            return str(dist.locate_file(item))
-    return None
-'''
 SHOWN = 3  # paths named in a one-line summary; the JSON form has them all
 
 

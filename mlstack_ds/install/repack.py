@@ -23,7 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from mlstack_ds.integrity import parse_record, record_digest
+from mlstack_ds.installed.integrity import parse_record, record_digest
 
 INSTALLER_FILES = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
 

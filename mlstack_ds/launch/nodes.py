@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds import runner
+from mlstack_ds.cluster import remote
+from mlstack_ds.cluster.hostfile import HostEntry, rank_layout
 from mlstack_ds.errors import EnvironmentProblem
-from mlstack_ds.multinode import remote
-from mlstack_ds.multinode.hostfile import HostEntry, rank_layout
-from mlstack_ds.verify import launch
+from mlstack_ds.launch import process
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # What the ranks need from this host's environment, by prefix: our own markers and test hooks, DeepSpeed's
@@ -53,9 +53,10 @@ def launch_command(python: Path, args: Sequence[str], env: dict[str, str], *, la
     machine, or, with a hostfile, DeepSpeed's launcher over `hosts`, after the ranks' env file is written
     into `launch_dir` (`env` then names it) and every node is checked and given the launch directory."""
     if hosts is None or hostfile is None:
-        return launch.torchrun_argv(python, world_size, launch.free_port(), args), []
-    argv = launch.deepspeed_argv(python, hostfile, hosts, launch.free_port(), args)
-    env_file = write_env_file(launch_dir / "deepspeed_env", {**env, launch.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
+        return process.torchrun_argv(python, world_size, process.free_port(), args), []
+    argv = process.deepspeed_argv(python, hostfile, hosts, process.free_port(), args)
+    env_file = write_env_file(launch_dir / "deepspeed_env",
+                              {**env, process.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
     env[ENV_FILE_VARIABLE] = str(env_file)
     return argv, prepare(hosts, python, launch_dir, env=env, status=status)
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlstack_ds.buildlog import OpLogs
+from mlstack_ds.build.oplogs import OpLogs
 from mlstack_ds.errors import BuildError
 from mlstack_ds.patches import apply_series, series_for_recipe
-from mlstack_ds.plan import BuildPlan, plan_env
+from mlstack_ds.plan.buildplan import BuildPlan, plan_env
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.runner import run_streaming
 from mlstack_ds.source.cache import Cache, publish, sha256_of

@@ -21,8 +21,8 @@ from typing import Any
 
 import mlstack_ds
 from mlstack_ds import __version__
+from mlstack_ds.cluster import remote
 from mlstack_ds.errors import EnvironmentProblem, ToolTimedOut
-from mlstack_ds.multinode import remote
 
 # What makes two hosts plan different builds (detect's TRACKED_ENV_VARS minus device visibility, which is
 # each node's own business), and the tool's debug switch.

@@ -1,1 +1,0 @@
-"""Several nodes: hostfiles, ssh/scp to the nodes, and what the commands do across them."""
