@@ -83,6 +83,12 @@ class VerifyFailed(MlstackError):
     exit_code = ExitCode.VERIFY
 
 
+class ConfigDoesNotFit(MlstackError):
+    """`config`: no placement fits, even with everything offloaded; the refusal carries the numbers."""
+
+    exit_code = ExitCode.DOES_NOT_FIT
+
+
 class BenchFailed(MlstackError):
     exit_code = ExitCode.BENCH
 

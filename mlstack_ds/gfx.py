@@ -7,15 +7,18 @@ questions that would otherwise be scattered `if arch.startswith(...)` branches.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import TypeVar
 
 from packaging.version import InvalidVersion, Version
 
 from mlstack_ds import tomlcompat
 
+T = TypeVar("T")
+G = TypeVar("G")
 _ARCH_RE = re.compile(r"^gfx([0-9]{1,2})([0-9a-f])([0-9a-f])$")
 # LLVM's generic targets (`gfx9-4-generic`, `gfx11-generic`) are code-object targets, not devices.
 _GENERIC_RE = re.compile(r"^gfx[0-9]+(-[0-9]+)*-generic$")
@@ -129,3 +132,23 @@ def arch_sort_key(arch: str) -> tuple[int, int, int, str]:
 
 def sorted_archs(archs: Iterable[str]) -> list[str]:
     return sorted(archs, key=arch_sort_key)
+
+
+def discrete_else_all(gpus: Sequence[G], integrated: Callable[[G], bool]) -> list[G]:
+    """The discrete GPUs, or all of them when there are none: an iGPU next to a dGPU is left out of
+    builds and plans (it would add a target and a wavefront for a device nobody trains on)."""
+    discrete = [g for g in gpus if not integrated(g)]
+    return discrete or list(gpus)
+
+
+def wavefront_groups(placed_archs: Iterable[tuple[str, T]]) -> dict[int, list[T]]:
+    """`(arch, where)` pairs grouped by the arch's wavefront size, each `where` once, in order; archs of
+    unknown size are left out. More than one group is a mix one DeepSpeed build cannot serve: its ROCm
+    kernels are compiled with one `ROCM_WAVEFRONT_SIZE`."""
+    groups: dict[int, list[T]] = {}
+    for arch, where in placed_archs:
+        size = wavefront_for(arch)
+        if size is not None and where not in groups.setdefault(size, []):
+            groups[size].append(where)
+    return groups
+

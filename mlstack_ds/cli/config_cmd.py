@@ -15,11 +15,11 @@ from mlstack_ds.cli.options import JsonOption, PythonOption
 from mlstack_ds.config.hardware import Hardware, detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
 from mlstack_ds.config.planner import plan_config
-from mlstack_ds.config.rules import ConfigDoesNotFit, Plan
+from mlstack_ds.config.rules import Plan
 from mlstack_ds.config.sizes import gib, parse_size
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import UsageError
+from mlstack_ds.errors import ConfigDoesNotFit, UsageError
 
 CONFIG_HELP = (
     "Write a DeepSpeed config (ds_config.json) for MODEL on these GPUs: the lowest ZeRO stage that fits "

@@ -33,7 +33,7 @@ from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
 from mlstack_ds.install.nodes import run_hostfile_install
-from mlstack_ds.install.pipeline import InstallRequest, healthy, prepare, run_build, run_install
+from mlstack_ds.install.pipeline import InstallRequest, prepare, run_build, run_install
 from mlstack_ds.install.wheel import rollback, uninstall
 from mlstack_ds.installed.health import check_health, probe_installed
 from mlstack_ds.installed.receipt import read_receipt, receipt_path
@@ -339,4 +339,4 @@ def _build_progress(output: Output) -> Iterator[BuildProgress]:
         yield BuildProgress(on_change=update)
 
 
-__all__ = ["healthy", "register"]
+__all__ = ["register"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.cluster import remote
+from mlstack_ds.detect.marked import marked_object
 from mlstack_ds.detect.target_probe import PROBE_SCRIPT, PROBE_TIMEOUT_S, TargetFacts, parse_target_output
 from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
 from mlstack_ds.installed.receipt import Receipt
@@ -239,11 +240,10 @@ def _variables(lines: list[str]) -> dict[str, str]:
 
 
 def _receipt(probe_output: str) -> ReceiptSummary | None:
-    line = next((ln for ln in probe_output.splitlines() if ln.startswith(RECEIPT_MARKER)), None)
-    if line is None:
-        return None
     try:
-        data = json.loads(line[len(RECEIPT_MARKER):])
+        data = marked_object(probe_output, RECEIPT_MARKER)
+        if data is None:
+            return None
         path, text, error = str(data["path"]), data.get("text"), data.get("error")
     except (ValueError, KeyError, TypeError):
         return None

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlstack_ds import gfx
 from mlstack_ds.detect import probes
 from mlstack_ds.detect.model import GpuAgent, Platform
 from mlstack_ds.errors import UsageError
@@ -43,8 +44,7 @@ def detect_gpus(environ: Mapping[str, str] | None = None) -> list[GpuAgent]:
     env = dict(os.environ if environ is None else environ)
     ctx = probes.ToolContext(environ=env, rocm_root=probes.find_rocm_root(env), timeout=probes.TOOL_TIMEOUT_S)
     gpus = probes.amd_gpus(ctx, env.get("HSA_OVERRIDE_GFX_VERSION") or None) + probes.nvidia_gpus(ctx)
-    discrete = [g for g in gpus if not g.integrated]
-    return discrete or gpus
+    return gfx.discrete_else_all(gpus, lambda g: g.integrated)
 
 
 def plan_hardware(gpus: list[GpuAgent], *, gpus_per_node: int | None, nodes: int, vram: int | None,

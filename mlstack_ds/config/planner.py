@@ -9,9 +9,9 @@ from pathlib import Path
 
 from mlstack_ds.config.hardware import Hardware
 from mlstack_ds.config.model import ModelShape
-from mlstack_ds.config.rules import AMD_SPECIFIC_SECTION, ORDER, ConfigDoesNotFit, Plan, config_for, make_plan
+from mlstack_ds.config.rules import AMD_SPECIFIC_SECTION, ORDER, Plan, config_for, make_plan
 from mlstack_ds.dsconfig.target import TargetAnswer, Validation, ask_target, check_batch_keys
-from mlstack_ds.errors import MlstackError
+from mlstack_ds.errors import ConfigDoesNotFit, MlstackError
 
 
 @dataclass(frozen=True)

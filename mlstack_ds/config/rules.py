@@ -16,7 +16,7 @@ from mlstack_ds.config.hardware import Hardware
 from mlstack_ds.config.model import ModelShape
 from mlstack_ds.config.sizes import gib
 from mlstack_ds.dsconfig.target import Estimate
-from mlstack_ds.errors import ExitCode, MlstackError
+from mlstack_ds.errors import ConfigDoesNotFit
 
 # Patch 0013 (patches/*/0013-zero-config-smaller-default-buckets-on-ROCm-GPUs-under-64-GiB.patch):
 # ROCm GPUs under 64 GiB get 1e8-element buckets, larger ones keep upstream's 5e8. The patch's own
@@ -40,12 +40,6 @@ ROCM_FP16_INITIAL_SCALE_POWER = 14  # the AMD guide: 2**14, not DeepSpeed's 2**1
 
 # The placements tried, cheapest first: ZeRO-2, ZeRO-3, then the optimizer offloaded, then parameters too.
 ORDER = ((2, False, False), (3, False, False), (2, True, False), (3, True, False), (3, True, True))
-
-
-class ConfigDoesNotFit(MlstackError):
-    """No placement fits, even with everything offloaded: the refusal carries the numbers."""
-
-    exit_code = ExitCode.DOES_NOT_FIT
 
 
 @dataclass(frozen=True)

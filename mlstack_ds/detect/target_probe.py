@@ -22,7 +22,6 @@ global state; a command that has the answer passes its `TargetFacts` on (`detect
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlstack_ds.detect.marked import marked_object
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
 from mlstack_ds.errors import ToolError, ToolTimedOut
 from mlstack_ds.runner import Background, run_in_background
@@ -154,22 +154,20 @@ def parse_target_output(stdout: str, python: Path, *, torch_expected: bool = Tru
                         interrupted: str | None = None) -> TargetFacts:
     """The probe's marked lines as `TargetFacts`; junk and missing lines give reasons, not exceptions.
     `interrupted`: why the process stopped early (time-out, exit code), said when a line is missing."""
-    lines = stdout.splitlines()
-    base_line = next((ln for ln in reversed(lines) if ln.startswith(BASE_MARKER)), None)
-    if base_line is None:
-        return unanswered(python, interrupted or f"{python}: the target probe printed no result")
     try:
-        facts = _parse_base(json.loads(base_line[len(BASE_MARKER):]))
+        base = marked_object(stdout, BASE_MARKER)
+        if base is None:
+            return unanswered(python, interrupted or f"{python}: the target probe printed no result")
+        facts = _parse_base(base)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return unanswered(python, f"{python}: unreadable target probe result ({exc})")
     if not torch_expected:
         return facts
-    torch_line = next((ln for ln in reversed(lines) if ln.startswith(TORCH_MARKER)), None)
-    if torch_line is None:
-        reason = interrupted or f"{python} printed no torch facts"
-        return _replace(facts, torch_error=f"torch probe: {reason}")
     try:
-        data = json.loads(torch_line[len(TORCH_MARKER):])
+        data = marked_object(stdout, TORCH_MARKER)
+        if data is None:
+            reason = interrupted or f"{python} printed no torch facts"
+            return _replace(facts, torch_error=f"torch probe: {reason}")
         torch = _parse_torch(data.get("torch"))
         error = str(data["error"]) if data.get("error") else None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

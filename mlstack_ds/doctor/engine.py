@@ -12,7 +12,7 @@ from mlstack_ds.detect.environment import detect_with_target, resolve_python
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.doctor.facts import SystemFacts, collect_facts
 from mlstack_ds.doctor.logs import match_log
-from mlstack_ds.doctor.model import DEFAULT_MIN_ROCM, DoctorInput, Finding, Rule, sort_findings
+from mlstack_ds.doctor.model import DoctorInput, Finding, Rule, default_min_rocm, sort_findings
 from mlstack_ds.doctor.rules import RULES
 
 
@@ -51,7 +51,7 @@ def diagnose(
     log_text: str | None = None,
     log_findings: Iterable[Finding] = (),
     root: Path = Path("/"),
-    min_rocm: str = DEFAULT_MIN_ROCM,
+    min_rocm: str | None = None,
     nvme_offload: bool = False,
 ) -> Diagnosis:
     """Detect, collect facts, run every rule. A log is matched by the caller (`match_log_stream`, in
@@ -63,7 +63,7 @@ def diagnose(
     detection = detect_with_target(environ=environ, python=target_python)
     env = detection.environment
     facts = collect_facts(env, environ=environ, root=root, target=detection.target)
-    inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm, nvme_offload=nvme_offload)
+    inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm or default_min_rocm(), nvme_offload=nvme_offload)
     findings = [*run_rules(inp), *log_findings]
     if log_text is not None:
         findings += match_log(log_text, RULES)

@@ -14,16 +14,17 @@ from typing import Any, Literal
 
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.doctor.facts import SystemFacts
+from mlstack_ds.recipe import find_recipe
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
 RULE_ID_RE = re.compile(r"^MLS-(TORCH|DEV|GPU|ARCH|ENV|ROCM|BUILD|DS|SYS|NET|MN|LOG)-\d{3}$")
 DOCS_PAGE = "docs/troubleshooting.md"
 
-# The oldest ROCm the DeepSpeed 0.19.5 recipe supports. The recipe file
-# (recipes/deepspeed-0.19.5.toml, key `min_rocm`) is the authority; callers that have loaded it pass
-# its value in `DoctorInput.min_rocm`, and this default matches it for callers that have not.
-DEFAULT_MIN_ROCM = "5.7"
+def default_min_rocm() -> str:
+    """The oldest ROCm the default recipe supports, read from it (its `min_rocm` is the authority), for
+    callers that have not loaded a recipe of their own."""
+    return find_recipe().min_rocm
 
 
 def docs_link(rule_id: str) -> str:
@@ -37,7 +38,7 @@ class DoctorInput:
 
     env: Environment
     facts: SystemFacts
-    min_rocm: str = DEFAULT_MIN_ROCM
+    min_rocm: str = field(default_factory=default_min_rocm)
     nvme_offload: bool = False
 
 

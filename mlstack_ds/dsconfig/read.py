@@ -8,7 +8,7 @@ config path with `hjson.load(open(config, "r"), object_pairs_hook=dict_raise_err
 Hjson accepts far more than JSON (`#`, `//` and `/* */` comments, trailing and omitted commas,
 quoteless keys and strings, `'''` multi-line strings, a root object without braces), and the hook
 refuses duplicate keys. Re-implementing that grammar here would drift from hjson's; hjson is a
-DeepSpeed dependency, not ours (our runtime dependencies stay typer, rich, gitpython, unidiff, requests,
+DeepSpeed dependency, not ours (our runtime dependencies stay typer, rich, unidiff, requests,
 packaging). So the file is parsed by hjson itself, in the target interpreter, the one DeepSpeed runs
 in, with a copy of DeepSpeed's duplicate-key hook (importing DeepSpeed for it would import torch).
 Without hjson there (DeepSpeed not installed yet), the file is read as strict JSON, which hjson
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.detect.environment import resolve_python
+from mlstack_ds.detect.marked import UnreadableLine, marked_object
 from mlstack_ds.errors import ToolError, UsageError
 from mlstack_ds.runner import run
 
@@ -118,14 +119,12 @@ def _parse_in_target(python: Path, path: Path) -> dict[str, Any] | None:
         result = run([python, "-c", PARSE_SCRIPT, str(path.resolve())], timeout=PARSE_TIMEOUT_S)
     except ToolError:
         return None
-    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
-    if not result.ok or line is None:
+    if not result.ok:
         return None
     try:
-        answer = json.loads(line[len(MARKER):])
-    except ValueError:
+        return marked_object(result.stdout, MARKER)
+    except UnreadableLine:
         return None
-    return answer if isinstance(answer, dict) else None
 
 
 def _parse_strict_json(path: Path, python: Path, option: str = "--ds-config") -> Any:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlstack_ds.detect.marked import UnreadableLine, marked_object
 from mlstack_ds.errors import EnvironmentProblem, ToolError, UsageError
 from mlstack_ds.runner import run
 
@@ -203,11 +204,13 @@ def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
     except ToolError as exc:
         raise EnvironmentProblem(f"the target interpreter {python} could not run: {exc.message}",
                                  hint="pass --python with the interpreter that has DeepSpeed") from exc
-    line = next((ln for ln in reversed(result.stdout.splitlines()) if ln.startswith(MARKER)), None)
-    if line is None:
+    try:
+        answer = marked_object(result.stdout, MARKER)
+    except UnreadableLine:
+        answer = None
+    if answer is None:
         raise EnvironmentProblem(f"the target interpreter {python} failed: {result.tail(3) or 'no answer'}",
                                  hint="check that DeepSpeed imports there: python -c 'import deepspeed'")
-    answer: dict[str, Any] = json.loads(line[len(MARKER):])
     if "missing" in answer:
         raise EnvironmentProblem(f"DeepSpeed cannot be imported in {python} ({answer['missing']})",
                                  hint="install DeepSpeed there first (mlstack-ds install), or pass --python")

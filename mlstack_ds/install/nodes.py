@@ -81,7 +81,7 @@ def gpu_archs(gpus: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     """The AMD targets of detect's GPU list, as a single-node install picks them: the discrete GPUs,
     or the integrated ones when there is nothing else."""
     amd = [g for g in gpus if g.get("vendor", "amd") == "amd" and g.get("arch")]
-    chosen = [g for g in amd if not g.get("integrated")] or amd
+    chosen = gfx.discrete_else_all(amd, lambda g: bool(g.get("integrated")))
     return tuple(dict.fromkeys(str(g["arch"]) for g in chosen))
 
 
@@ -89,12 +89,7 @@ def union_archs(per_node: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
     """Every node's targets, in hostfile order; one wavefront size, since DeepSpeed's kernels are compiled
     for one (a usage error naming the nodes of each size otherwise)."""
     archs = tuple(dict.fromkeys(a for node_archs in per_node.values() for a in node_archs))
-    by_wave: dict[int, list[str]] = {}
-    for host, node_archs in per_node.items():
-        for arch in node_archs:
-            wave = gfx.wavefront_for(arch)
-            if wave is not None and host not in by_wave.setdefault(wave, []):
-                by_wave[wave].append(host)
+    by_wave = gfx.wavefront_groups((arch, host) for host, node_archs in per_node.items() for arch in node_archs)
     if len(by_wave) > 1:
         raise UsageError("the nodes' GPUs mix wavefront sizes: " + "; ".join(
             f"wave{w}: {', '.join(hosts)}" for w, hosts in sorted(by_wave.items())),

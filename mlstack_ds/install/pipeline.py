@@ -7,11 +7,9 @@ state from that answer and hands it to verify, and probes again only after pip c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,13 +24,13 @@ from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
 from mlstack_ds.install.wheel import install_wheel
 from mlstack_ds.installed.health import InstalledState, check_health, installed_state
 from mlstack_ds.installed.receipt import Receipt, ReceiptError, read_receipt
-from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.plan.buildjobs import read_mem_available
-from mlstack_ds.plan.buildplan import CONCURRENCY_VARIABLES, BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.buildplan import BuildPlan, plan_differences
+from mlstack_ds.plan.planner import plan_build
 from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import Recipe, find_recipe
 from mlstack_ds.source.cache import Cache
-from mlstack_ds.source.fetch import SourceSpec, check_local_source, parse_source_spec, source_pin
+from mlstack_ds.source.fetch import SourceSpec, check_local_source, parse_source_spec
 from mlstack_ds.verify.report import VerifyReport
 from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
@@ -81,11 +79,6 @@ class InstallOutcome:
     verify: VerifyReport | None = None
 
 
-def patch_refs(recipe: Recipe) -> list[PatchRef]:
-    series = series_for_recipe(recipe)
-    return [PatchRef(p.name, hashlib.sha256(p.path.read_bytes()).hexdigest()) for p in series.patches]
-
-
 def prepare(request: InstallRequest) -> Prepared:
     """Everything up to the plan; touches nothing (this is `install --dry-run`)."""
     if request.jobs is not None and request.jobs < 1:
@@ -99,16 +92,9 @@ def prepare(request: InstallRequest) -> Prepared:
     environment = detection.environment
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir)
-    options = PlanOptions(source=request.source, archs=archs, jobs=request.jobs, patches=request.patches,
-                          source_pin=source_pin(recipe, spec))
-    plan = make_plan(environment, recipe, toolchain, patch_refs(recipe) if request.patches else [], options,
-                     mem_available=read_mem_available())
+    plan = plan_build(environment, recipe, spec, toolchain, archs=archs, jobs=request.jobs,
+                      patches=request.patches, source_label=request.source, mem_available=read_mem_available())
     return Prepared(environment, recipe, spec, plan, detection.target)
-
-
-def healthy(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> bool:
-    """Our receipt for this very plan, and the environment still holds what it describes."""
-    return not reinstall_reasons(plan, receipt, state)
 
 
 def reinstall_reasons(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> list[str]:
@@ -164,31 +150,6 @@ def refuse_to_build(plan: BuildPlan, expected_key: str, cache: Cache) -> None:
     if cached_wheel(cache, plan) is None:
         raise InstallError(f"no cached wheel for plan {expected_key} in {cache.root}",
                            hint="the head copies it there first; run `mlstack-ds install --hostfile` again")
-
-
-def plan_differences(here: Mapping[str, Any], head: Mapping[str, Any] | None) -> list[str]:
-    """`what: X here, Y on the head` for each part of the build that differs: the fields the cache key
-    is made of (not the compile concurrency, the notes and paths); empty when the head's plan is unknown."""
-    if head is None:
-        return []
-
-    def facts(plan: Mapping[str, Any]) -> dict[str, object]:
-        env = plan.get("env") if isinstance(plan.get("env"), dict) else {}
-        out: dict[str, object] = {key: plan.get(key) for key in (
-            "deepspeed_version", "source_pin", "patches", "platform", "archs", "torch_version", "built_ops")}
-        out["python"] = ".".join(str(plan.get("python_version", "")).split(".")[:2])
-        out.update({f"env {k}": v for k, v in env.items() if k not in CONCURRENCY_VARIABLES})
-        return out
-
-    # Compared in their JSON form: the plan here has tuples, the recorded one lists.
-    mine, theirs = (json.loads(json.dumps(facts(plan), default=str)) for plan in (here, head))
-    return [f"{key}: {_short(mine.get(key))} here, {_short(theirs.get(key))} on the head"
-            for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _recorded_plan(cache: Cache, key: str) -> dict[str, Any] | None:

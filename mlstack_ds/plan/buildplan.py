@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -78,6 +78,8 @@ class BuildPlan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     targets_source: str = ""  # ROCm: "flag" (--arch), "environment" (PYTORCH_ROCM_ARCH) or "detected"
     concurrency: BuildConcurrency | None = None  # compiles at once (buildjobs); None: one op at a time
+    torch_hip: str | None = None  # the ROCm torch's HIP version: a wheel's ops are built against it
+    torch_cuda: str | None = None
 
     @property
     def built_ops(self) -> tuple[str, ...]:
@@ -170,24 +172,66 @@ def make_plan(
         # compiler command of ninja builds.
         env["PYTORCH_NVCC"] = f"{toolchain.ccache} {toolchain.hipcc}"
     path_prepend = (toolchain.ccache_dir,) if toolchain.ccache_dir else ()
-    key_material = {
-        # The pin is the content, whichever way it arrives (PyPI, a URL or a file with the same sha256 are
-        # one tree); the kind of source is not part of the key.
-        "schema": PLAN_SCHEMA, "deepspeed": recipe.version, "source_pin": source_pin,
-        "patches": [asdict(p) for p in patch_refs], "platform": platform,
-        "archs": archs, "env": {k: v for k, v in env.items() if k not in CONCURRENCY_VARIABLES},
-        "torch": torch.version, "torch_hip": torch.hip, "torch_cuda": torch.cuda,
-        "python": major_minor(environment.python.version),
-    }
-    cache_key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()[:24]
-    return BuildPlan(
+    plan = BuildPlan(
         schema=PLAN_SCHEMA, recipe=recipe.name, deepspeed_version=recipe.version, source=options.source,
         source_pin=source_pin, patches=patch_refs, platform=platform, accelerator=build.accelerator,
         archs=archs, wavefront=wavefront, ops=tuple(decisions), env=dict(sorted(env.items())),
         path_prepend=path_prepend, target_python=environment.python.executable,
         python_version=environment.python.version, torch_version=torch.version,
-        cache_key=cache_key, notes=tuple(notes), targets_source=targets_source, concurrency=concurrency,
+        cache_key="", notes=tuple(notes), targets_source=targets_source, concurrency=concurrency,
+        torch_hip=torch.hip, torch_cuda=torch.cuda,
     )
+    return replace(plan, cache_key=cache_key(key_material(plan.to_dict())))
+
+
+# How key_material's entries are named where a user reads them (plan_differences): as the plan's fields.
+_KEY_LABELS = {"deepspeed": "deepspeed_version", "torch": "torch_version"}
+
+
+def key_material(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """What the cache key is made of, from a plan's dict form (`BuildPlan.to_dict()`, or the head's plan
+    recorded next to its wheel): everything that changes the wheel, nothing that does not (the compile
+    concurrency, notes, paths, the kind of source: PyPI, a URL or a file with the same sha256 are one
+    tree). One function, so the key and `plan_differences` cannot drift apart."""
+    env = plan.get("env") if isinstance(plan.get("env"), Mapping) else {}
+    return {
+        "schema": plan.get("schema"), "deepspeed": plan.get("deepspeed_version"),
+        "source_pin": plan.get("source_pin"),
+        "patches": [{"name": p.get("name"), "sha256": p.get("sha256")} for p in plan.get("patches") or ()
+                    if isinstance(p, Mapping)],
+        "platform": plan.get("platform"), "archs": list(plan.get("archs") or ()),
+        "env": {k: v for k, v in env.items() if k not in CONCURRENCY_VARIABLES},
+        "torch": plan.get("torch_version"), "torch_hip": plan.get("torch_hip"),
+        "torch_cuda": plan.get("torch_cuda"), "python": major_minor(str(plan.get("python_version") or "")),
+    }
+
+
+def cache_key(material: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def plan_differences(here: Mapping[str, Any], head: Mapping[str, Any] | None) -> list[str]:
+    """`what: X here, Y on the head` for each part of the key material that differs (env variables one by
+    one); empty when the head's plan is unknown."""
+    if head is None:
+        return []
+
+    def facts(plan: Mapping[str, Any]) -> dict[str, object]:
+        material = key_material(plan)
+        env = material.pop("env")
+        out: dict[str, object] = {_KEY_LABELS.get(k, k): v for k, v in material.items()}
+        out.update({f"env {k}": v for k, v in env.items()})
+        # Compared in their JSON form: the plan here has tuples, the recorded one lists.
+        return json.loads(json.dumps(out, default=str))
+
+    mine, theirs = facts(here), facts(head)
+    return [f"{key}: {_short(mine.get(key))} here, {_short(theirs.get(key))} on the head"
+            for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _concurrency(options: PlanOptions, toolchain: Toolchain, patch_refs: Sequence[PatchRef], platform: str,

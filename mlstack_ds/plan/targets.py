@@ -62,9 +62,8 @@ def select_rocm_targets(environment: Environment, requested: tuple[str, ...] | N
     else:
         source = "detected"
         amd = [g for g in environment.gpus if g.vendor == "amd" and g.arch]
-        discrete = [g for g in amd if not g.integrated]
-        chosen = discrete or amd
-        if discrete and len(discrete) < len(amd):
+        chosen = gfx.discrete_else_all(amd, lambda g: g.integrated)
+        if len(chosen) < len(amd):
             skipped = sorted({g.arch for g in amd if g.integrated})
             notes.append(f"integrated GPU target(s) {', '.join(skipped)} left out: building for the discrete GPUs")
         if not chosen:
@@ -82,16 +81,15 @@ def select_rocm_targets(environment: Environment, requested: tuple[str, ...] | N
                 f"detected GPU target {unknown[0]} is unknown to mlstack-ds",
                 hint="pass --arch with a supported target, or report the GPU",
             )
-    waves = {gfx.lookup(a).wavefront for a in archs}
-    if len(waves) > 1:
-        by_wave = {w: [a for a in archs if gfx.lookup(a).wavefront == w] for w in sorted(waves)}
+    by_wave = gfx.wavefront_groups((a, a) for a in archs)
+    if len(by_wave) > 1:
         raise UsageError(
             "targets mix wave32 and wave64 GPUs: "
-            + "; ".join(f"wave{w}: {','.join(a)}" for w, a in by_wave.items()),
+            + "; ".join(f"wave{w}: {','.join(a)}" for w, a in sorted(by_wave.items())),
             hint="DeepSpeed's kernels are compiled for one wavefront size: build one install per family "
-            "(e.g. --arch " + ",".join(by_wave[min(waves)]) + ")",
+            "(e.g. --arch " + ",".join(by_wave[min(by_wave)]) + ")",
         )
-    return RocmTargets(archs=archs, wavefront=waves.pop(), notes=tuple(notes), source=source)
+    return RocmTargets(archs=archs, wavefront=gfx.lookup(archs[0]).wavefront, notes=tuple(notes), source=source)
 
 
 def refuse_targets_torch_lacks(archs: tuple[str, ...], torch: TorchInfo) -> str | None:

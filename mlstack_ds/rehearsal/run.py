@@ -30,14 +30,14 @@ from mlstack_ds.detect import detect
 from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.errors import MlstackError
 from mlstack_ds.installed.build_record import parse_git_version_info
-from mlstack_ds.patches import series_for_recipe
-from mlstack_ds.plan.buildplan import BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.buildplan import BuildPlan
+from mlstack_ds.plan.planner import plan_build
 from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.rehearsal.machine import FakeTorch, RocmLayout, make_fake_host
 from mlstack_ds.rehearsal.records import OpBuild, Record, group_by_op, load_records
 from mlstack_ds.source.cache import Cache
-from mlstack_ds.source.fetch import SourceSpec, source_pin
+from mlstack_ds.source.fetch import SourceSpec
 
 # Ops that cannot be built for ROCm (docs/rocm-ops.md): NVIDIA-only pieces (CUTLASS, dskernels, cuFile,
 # PTX) or triton 1.x. A ROCm build must never attempt them.
@@ -195,11 +195,8 @@ def _plan(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python: Pa
     toolchain = probe_toolchain(environ, rocm_root, environment.python.include_dir)
     # The fake host has no ccache: its masquerade links would put a real cache in front of the stand-ins.
     toolchain = dataclasses.replace(toolchain, ccache_dir=None, ccache=None)
-    patches = [PatchRef(p.name, p.sha256) for p in series_for_recipe(recipe).patches] if spec.patches else []
     archs = parse_arch_option(spec.archs) if spec.archs is not None else None
-    plan = make_plan(environment, recipe, toolchain, patches,
-                     PlanOptions(source=source.kind, archs=archs, patches=spec.patches,
-                                 source_pin=source_pin(recipe, source)))
+    plan = plan_build(environment, recipe, source, toolchain, archs=archs, patches=spec.patches)
     if spec.all_ops:  # what the upstream docs suggest: every op DeepSpeed thinks it can build
         env = {k: v for k, v in plan.env.items() if not k.startswith("DS_BUILD_")}
         plan = dataclasses.replace(plan, env={**env, "DS_BUILD_OPS": "1"})

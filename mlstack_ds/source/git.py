@@ -31,7 +31,7 @@ def git_cache_entry(cache: Cache, url: str, tag: str, commit: str) -> Path:
 
 
 # The clone is the one network git call. It runs through the runner (own process group, killed on
-# time-out or Ctrl-C/SIGTERM: gitpython's clone_from waits with no time-out), with git's own stall
+# time-out or Ctrl-C/SIGTERM), with git's own stall
 # detection, so a dead connection fails in a minute while a slow but moving clone goes on.
 CLONE_TIMEOUT_S = 1800.0
 STALL_SETTINGS = ("http.lowSpeedLimit=1000", "http.lowSpeedTime=60")
@@ -43,13 +43,6 @@ def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str, timeout: flo
     url = normalize_git_url(url)
     if repo_head(entry) == commit:
         return entry
-    try:
-        # Imported here: gitpython refuses to import without a git executable, and commands that
-        # never clone (detect, doctor) must keep working on such machines.
-        import git as gitpython  # noqa: PLC0415
-    except ImportError as exc:
-        raise ToolMissing("git: not found", hint="install git (e.g. apt-get install git), or use --source pypi"
-                          ) from exc
     with cache.staging_dir("clone") as staging:
         clone = staging / "repo"
         # User git config is kept for the network step (proxies, insteadOf mirrors).
@@ -58,12 +51,14 @@ def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str, timeout: flo
         hint = "check the URL and your network, or use --source pypi / a tarball URL / a local path"
         try:
             result = run(argv, cwd=staging, env=git_env(isolated=False), timeout=timeout)
+        except ToolMissing as exc:
+            raise ToolMissing("git: not found", hint="install git (e.g. apt-get install git), or use --source pypi"
+                              ) from exc
         except ToolTimedOut as exc:
             raise FetchError(f"git clone of {tag} from {url} did not finish within {timeout:g} s", hint=hint) from exc
         if not result.ok:
             raise FetchError(f"git clone of {tag} from {url} failed: {_git_failure(result.stderr)}", hint=hint)
-        with gitpython.Repo(clone) as repo:
-            found = repo.head.commit.hexsha
+        found = repo_head(clone)
         if found != commit:
             raise FetchError(
                 f"tag moved: {tag} at {url} is commit {found}, but the pin is {commit}",
@@ -82,7 +77,7 @@ def repo_head(repo_dir: Path) -> str | None:
 
 
 def _git_failure(stderr: str) -> str:
-    """git's own `fatal:`/`error:` line, without gitpython's `stderr: '...'` wrapping."""
+    """git's own last `fatal:`/`error:` line (a `stderr: '...'` wrapping removed)."""
     text = stderr.strip().removeprefix("stderr:").strip().strip("'").strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     wanted = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]

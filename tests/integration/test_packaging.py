@@ -37,4 +37,4 @@ def test_wheel_declares_no_torch_or_deepspeed_dependency(wheel: Path) -> None:
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert not [r for r in requires if r.startswith(("torch", "deepspeed"))], requires
     assert {r.split(">")[0].split(";")[0].strip() for r in requires} == {
-        "typer", "rich", "gitpython", "unidiff", "requests", "packaging", "tomli"}
+        "typer", "rich", "unidiff", "requests", "packaging", "tomli"}

@@ -15,11 +15,11 @@ import pytest
 from mlstack_ds.config import rules
 from mlstack_ds.config.hardware import Hardware, plan_hardware
 from mlstack_ds.config.model import PRESETS, model_from_dims, model_from_hf_config, resolve_model
-from mlstack_ds.config.rules import ORDER, ConfigDoesNotFit, config_for, make_plan
+from mlstack_ds.config.rules import ORDER, config_for, make_plan
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.detect.model import GpuAgent
 from mlstack_ds.dsconfig.target import Estimate, check_batch_keys
-from mlstack_ds.errors import ExitCode, UsageError
+from mlstack_ds.errors import ConfigDoesNotFit, ExitCode, UsageError
 
 GiB = 2**30
 REPO = Path(__file__).resolve().parents[2]

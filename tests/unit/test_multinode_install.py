@@ -12,7 +12,8 @@ import mlstack_ds
 from mlstack_ds.cluster.tool import ToolRun, tool_argv
 from mlstack_ds.errors import ExitCode, UsageError
 from mlstack_ds.install.nodes import gpu_archs, node_failure, node_install_args, union_archs
-from mlstack_ds.install.pipeline import InstallRequest, plan_differences
+from mlstack_ds.install.pipeline import InstallRequest
+from mlstack_ds.plan.buildplan import plan_differences
 
 
 def test_gpu_archs_prefers_discrete_gpus_like_a_single_node_install() -> None:

@@ -13,7 +13,7 @@ from mlstack_ds.detect.environment import decide_platform
 from mlstack_ds.detect.model import Environment, TorchInfo
 from mlstack_ds.detect.toolchain import Toolchain
 from mlstack_ds.errors import EnvironmentProblem, UsageError
-from mlstack_ds.plan.buildplan import PatchRef, PlanOptions, make_plan
+from mlstack_ds.plan.buildplan import PatchRef, PlanOptions, cache_key, key_material, make_plan, plan_differences
 from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import find_recipe
 
@@ -235,6 +235,21 @@ def test_cache_key_tracks_what_changes_the_wheel(fake_machine, bare_python) -> N
     newer_torch = dataclasses.replace(environment, torch=dataclasses.replace(ROCM_TORCH, version="2.7.0+rocm6.3"))
     assert key != make_plan(newer_torch, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions()).cache_key
 
+
+
+def test_the_key_and_the_differences_read_one_key_material(fake_machine, bare_python) -> None:
+    """Same torch version, another HIP build of it: a new key, and `plan_differences` names it (its own field
+    list once left torch_hip out). Concurrency changes neither."""
+    environment = machine(fake_machine, bare_python, "rocminfo_gfx1100_rocm-issue-3949.txt", ROCM_TORCH)
+    recipe = find_recipe("deepspeed-0.19.5")
+    plan = make_plan(environment, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions(jobs=2))
+    other_hip = dataclasses.replace(environment, torch=dataclasses.replace(ROCM_TORCH, hip="6.3.42131-fa1d09cbd"))
+    rebuilt = make_plan(other_hip, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions(jobs=8))
+    assert plan.cache_key == cache_key(key_material(plan.to_dict())) != rebuilt.cache_key
+    assert plan_differences(rebuilt.to_dict(), plan.to_dict()) == [
+        'torch_hip: "6.3.42131-fa1d09cbd" here, "6.2.41134-65d174c3e" on the head']
+    faster = make_plan(environment, recipe, FULL_TOOLCHAIN, PATCHES, PlanOptions(jobs=8))
+    assert plan_differences(faster.to_dict(), plan.to_dict()) == []
 
 PARALLEL_PATCHES = [*PATCHES, PatchRef("0019-setup-one-build-dir-per-op.patch", "b" * 64)]
 

@@ -112,12 +112,8 @@ def archs_differ(inp: ClusterInput) -> Hit | None:
     if not any(archs.values()):
         return None
     sets = {host: ";".join(a) or "no GPU" for host, a in archs.items()}
-    waves: dict[int, list[str]] = {}
-    for host, node_archs in archs.items():
-        for arch in node_archs:
-            size = gfx.wavefront_for(arch)
-            if size is not None:
-                waves.setdefault(size, []).append(f"{arch} on {host}")
+    waves = gfx.wavefront_groups((arch, f"{arch} on {host}") for host, node_archs in archs.items()
+                                 for arch in node_archs)
     if len(waves) > 1:
         mix = ", ".join(f"wave{size}: {_names(sorted(set(where)))}"
                         for size, where in sorted(waves.items(), reverse=True))

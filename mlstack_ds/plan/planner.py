@@ -1,0 +1,24 @@
+"""The one way from a detected machine and the user's choices to a `BuildPlan`, shared by `install`,
+`build` and the ROCm build rehearsal (which used to assemble the same inputs by hand)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlstack_ds.detect.model import Environment
+from mlstack_ds.detect.toolchain import Toolchain
+from mlstack_ds.patches import series_for_recipe
+from mlstack_ds.plan.buildplan import BuildPlan, PatchRef, PlanOptions, make_plan
+from mlstack_ds.recipe import Recipe
+from mlstack_ds.source.fetch import SourceSpec, source_pin
+
+
+def plan_build(environment: Environment, recipe: Recipe, source: SourceSpec, toolchain: Toolchain, *,
+               archs: Sequence[str] | None = None, jobs: int | None = None, patches: bool = True,
+               source_label: str | None = None, mem_available: int | None = None) -> BuildPlan:
+    """`make_plan` with the source pin the build will really use and the series' own digests.
+    `source_label`: how the plan names the source (the user's `--source`); default the spec's kind."""
+    refs = [PatchRef(p.name, p.sha256) for p in series_for_recipe(recipe).patches] if patches else []
+    options = PlanOptions(source=source_label or source.kind, archs=tuple(archs) if archs is not None else None,
+                          jobs=jobs, patches=patches, source_pin=source_pin(recipe, source))
+    return make_plan(environment, recipe, toolchain, refs, options, mem_available=mem_available)

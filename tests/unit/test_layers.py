@@ -1,0 +1,137 @@
+"""The package's layers, read from the code: every `mlstack_ds` import, found with `ast`, goes down the
+declared order or stays inside its own unit, and no two top-level units reach each other. A new module
+goes into an existing unit (or this table), so the folder names keep telling where a change belongs."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "mlstack_ds"
+
+# Low to high. A unit may import its own modules and those of units in lower layers only.
+LAYERS: list[tuple[str, frozenset[str]]] = [
+    ("foundations", frozenset({"__init__", "errors", "textfile", "tomlcompat", "resources", "console", "runner",
+                               "gfx", "recipe"})),
+    ("the worker staged into the target", frozenset({"worker"})),
+    ("detect", frozenset({"detect"})),
+    ("installed state", frozenset({"installed"})),
+    ("hosts", frozenset({"cluster"})),
+    ("starting workers", frozenset({"launch"})),
+    ("source", frozenset({"source"})),
+    ("patches", frozenset({"patches"})),
+    ("plan, ds_configs", frozenset({"plan", "dsconfig"})),
+    ("build", frozenset({"build"})),
+    ("verify", frozenset({"verify"})),
+    ("install", frozenset({"install"})),
+    ("commands", frozenset({"bench", "config", "doctor", "rehearsal"})),
+    ("cli", frozenset({"cli"})),
+    ("entry point", frozenset({"__main__"})),
+]
+MAX_FLAT_MODULES = 12
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every `mlstack_ds` module `path` imports, at any depth of the file (imports inside functions count)."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    modules = {m for m in found if m == "mlstack_ds" or m.startswith("mlstack_ds.")}
+    return {m for m in modules if resolves(m)}
+
+
+def resolves(module: str) -> bool:
+    relative = Path(*module.split(".")[1:]) if "." in module else Path()
+    return (PACKAGE / relative).with_suffix(".py").is_file() or (PACKAGE / relative / "__init__.py").is_file()
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+
+
+def unit_graph() -> dict[str, set[str]]:
+    units: dict[str, set[str]] = defaultdict(set)
+    for module, targets in import_graph().items():
+        units[unit_of(module)].update(unit_of(t) for t in targets if unit_of(t) != unit_of(module))
+    return units
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return seen
+
+
+def test_every_unit_has_a_layer() -> None:
+    declared = set().union(*(units for _, units in LAYERS))
+    actual = {unit_of(module_name(p)) for p in PACKAGE.rglob("*.py")}
+    assert actual == declared, f"add {sorted(actual - declared)} to LAYERS; remove {sorted(declared - actual)}"
+
+
+def test_imports_only_go_down() -> None:
+    layer = {unit: index for index, (_, units) in enumerate(LAYERS) for unit in units}
+    upward = [f"{module} imports {target} ({LAYERS[layer[unit_of(target)]][0]} is above "
+              f"{LAYERS[layer[unit_of(module)]][0]})"
+              for module, targets in sorted(import_graph().items()) for target in sorted(targets)
+              if layer[unit_of(target)] > layer[unit_of(module)]]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_unit_reaches_one_that_reaches_it_back() -> None:
+    graph = unit_graph()
+    cycles = sorted(f"{a} <-> {b}" for a in graph for b in graph[a] if a < b and a in reachable(graph, b))
+    assert not cycles, cycles
+
+
+def test_doctor_never_imports_the_builder() -> None:
+    """doctor judges an install (installed/) but must run where nothing can be built."""
+    graph = import_graph()
+    reached = set().union(*(reachable(graph, m) for m in graph if unit_of(m) == "doctor"))
+    assert not {unit_of(m) for m in reached} & {"build", "install", "source", "patches"}, sorted(reached)
+
+
+def test_the_worker_imports_nothing_of_the_tool() -> None:
+    """It is copied into the target and run with `-m` there, where mlstack_ds is not installed."""
+    graph = import_graph()
+    outside = sorted({t for m, targets in graph.items() if unit_of(m) == "worker" for t in targets
+                      if unit_of(t) != "worker"})
+    assert not outside, outside
+
+
+def test_few_modules_stay_flat_at_the_package_root() -> None:
+    flat = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(flat) <= MAX_FLAT_MODULES, flat
+
+
+def test_the_graph_sees_relative_and_nested_imports() -> None:
+    """The reader itself: a relative import inside the worker and an import inside a function are found."""
+    graph = import_graph()
+    assert "mlstack_ds.worker.protocol" in graph["mlstack_ds.worker.training"]
+    assert any(unit_of(t) == "cli" for t in graph["mlstack_ds.__main__"])
