@@ -1,34 +1,16 @@
 """The package's layers, read from the code: every `mlstack_ds` import, found with `ast`, goes down the
-declared order or stays inside its own unit, and no two top-level units reach each other. A new module
-goes into an existing unit (or this table), so the folder names keep telling where a change belongs."""
+order declared in scripts/architecture.py (the `architecture` fixture) or stays inside its own unit, and no
+two top-level units reach each other. A new unit needs a place in that order, so the folder names keep
+telling where a change belongs."""
 
 from __future__ import annotations
 
 import ast
 from collections import defaultdict
 from pathlib import Path
+from types import ModuleType
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mlstack_ds"
-
-# Low to high. A unit may import its own modules and those of units in lower layers only.
-LAYERS: list[tuple[str, frozenset[str]]] = [
-    ("foundations", frozenset({"__init__", "errors", "textfile", "tomlcompat", "resources", "console", "runner",
-                               "gfx", "recipe"})),
-    ("the worker staged into the target", frozenset({"worker"})),
-    ("detect", frozenset({"detect"})),
-    ("installed state", frozenset({"installed"})),
-    ("hosts", frozenset({"cluster"})),
-    ("starting workers", frozenset({"launch"})),
-    ("source", frozenset({"source"})),
-    ("patches", frozenset({"patches"})),
-    ("plan, ds_configs", frozenset({"plan", "dsconfig"})),
-    ("build", frozenset({"build"})),
-    ("verify", frozenset({"verify"})),
-    ("install", frozenset({"install"})),
-    ("commands", frozenset({"bench", "config", "doctor", "rehearsal"})),
-    ("cli", frozenset({"cli"})),
-    ("entry point", frozenset({"__main__"})),
-]
 MAX_FLAT_MODULES = 12
 
 
@@ -89,16 +71,17 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def test_every_unit_has_a_layer() -> None:
-    declared = set().union(*(units for _, units in LAYERS))
+def test_every_unit_has_a_layer(architecture: ModuleType) -> None:
+    declared = set().union(*(units for _, units in architecture.LAYERS))
     actual = {unit_of(module_name(p)) for p in PACKAGE.rglob("*.py")}
     assert actual == declared, f"add {sorted(actual - declared)} to LAYERS; remove {sorted(declared - actual)}"
 
 
-def test_imports_only_go_down() -> None:
-    layer = {unit: index for index, (_, units) in enumerate(LAYERS) for unit in units}
-    upward = [f"{module} imports {target} ({LAYERS[layer[unit_of(target)]][0]} is above "
-              f"{LAYERS[layer[unit_of(module)]][0]})"
+def test_imports_only_go_down(architecture: ModuleType) -> None:
+    layers = architecture.LAYERS
+    layer = {unit: index for index, (_, units) in enumerate(layers) for unit in units}
+    upward = [f"{module} imports {target} ({layers[layer[unit_of(target)]][0]} is above "
+              f"{layers[layer[unit_of(module)]][0]})"
               for module, targets in sorted(import_graph().items()) for target in sorted(targets)
               if layer[unit_of(target)] > layer[unit_of(module)]]
     assert not upward, "\n".join(upward)
