@@ -27,7 +27,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from two_hosts import TwoHosts, head_cli, two_hosts  # noqa: E402
+from support.two_hosts import TwoHosts, head_cli, two_hosts  # noqa: E402
 
 GOAL_RATIO = 2.0
 INSTALL_GOAL_S = 60.0

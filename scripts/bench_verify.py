@@ -41,7 +41,7 @@ def target_venvs(prebuilt: str | None, jit: str | None) -> tuple[Path, Path]:
     if prebuilt and jit:
         return Path(prebuilt), Path(jit)
     sys.path.insert(0, str(REPO / "tests"))
-    from target_env import (  # noqa: PLC0415
+    from support.target_env import (  # noqa: PLC0415
         CPU_OPS_FLAGS,
         DS_SDIST_SHA256,
         DS_VERSION,

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, BackgroundInstall
-from e2e_support import Target
-from target_env import (
+from support.cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, BackgroundInstall
+from support.e2e import Target
+from support.target_env import (
     DS_NEXT_SDIST_SHA256,
     DS_NEXT_VERSION,
     DS_SDIST_SHA256,
@@ -253,7 +253,7 @@ def git_source_repo(pristine_tree_template: Path, tmp_path_factory: pytest.TempP
 @pytest.fixture
 def fake_machine(tmp_path: Path):
     """A machine whose ROCm tools are fakes replaying real captures (see tests/fakemachine.py)."""
-    from fakemachine import FakeMachine
+    from support.fakemachine import FakeMachine
 
     return FakeMachine(tmp_path / "machine")
 

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from config_support import MODEL, ask, placement_configs
-from e2e_support import Target
-from fakemachine import FakeMachine
+from support.config import MODEL, ask, placement_configs
+from support.e2e import Target
+from support.fakemachine import FakeMachine
 
 import mlstack_ds
 from mlstack_ds.config.rules import ORDER

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_support import FIRST_USE, Target, processes_mentioning
+from support.e2e import FIRST_USE, Target, processes_mentioning
 
 pytestmark = pytest.mark.slow
 

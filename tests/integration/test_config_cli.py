@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakemachine import FakeMachine
-from target_env import TargetVenv
+from support.fakemachine import FakeMachine
+from support.target_env import TargetVenv
 
 import mlstack_ds
 from mlstack_ds.config.model import PRESETS

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from config_support import MODEL, ask, placement_configs
-from target_env import TargetVenv
+from support.config import MODEL, ask, placement_configs
+from support.target_env import TargetVenv
 
 from mlstack_ds.config.rules import ORDER
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from patchmaker import PatchMaker, insert_line, new_file, replace_text, write_series
+from support.patchmaker import PatchMaker, insert_line, new_file, replace_text, write_series
 
 from mlstack_ds.errors import ExitCode
 

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
+from support.two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
 
 
 def _skip_without_harness() -> None:

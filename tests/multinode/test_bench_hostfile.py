@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from target_env import TargetVenv
-from two_hosts import TwoHosts, head_cli
+from support.target_env import TargetVenv
+from support.two_hosts import TwoHosts, head_cli
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from two_hosts import NETNS_ETC, NODE_NAMES, SUBNET, TwoHosts, head_cli, missing, two_hosts
+from support.two_hosts import NETNS_ETC, NODE_NAMES, SUBNET, TwoHosts, head_cli, missing, two_hosts
 
 EXIT_ENVIRONMENT = 3
 DEAD_HOST = "mls-node-c"  # in the ssh configuration, at node b's address, on a port where nothing listens

@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from e2e_support import Target
-from two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli
+from support.e2e import Target
+from support.two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli
 
 from mlstack_ds import __version__
 from mlstack_ds.verify.checks import select_checks

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from target_env import TargetVenv
-from two_hosts import REPO_ROOT, TwoHosts, head_cli, scratch_dir, two_hosts
+from support.target_env import TargetVenv
+from support.two_hosts import REPO_ROOT, TwoHosts, head_cli, scratch_dir, two_hosts
 
 from mlstack_ds.errors import ExitCode
 

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from target_env import DS_NEXT_VERSION, DS_VERSION
+from support.target_env import DS_NEXT_VERSION, DS_VERSION
 
 from mlstack_ds.patches import apply_series, series_for_recipe
 from mlstack_ds.recipe import find_recipe

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from doctor_inputs import make_env
+from support.doctor_inputs import make_env
 
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo
 from mlstack_ds.detect.target_probe import TargetFacts, probe_target

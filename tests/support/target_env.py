@@ -45,7 +45,7 @@ CPU_OPS_FLAGS: Mapping[str, str] = {
     "DS_BUILD_SHM_COMM": "1",
 }
 NO_OPS_FLAGS: Mapping[str, str] = {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cache_dir() -> Path:
