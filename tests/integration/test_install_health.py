@@ -12,9 +12,11 @@ import subprocess
 import sys
 import time
 import zipfile
+from functools import partial
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
 from mlstack_ds.install.repack import repack_installed
 from mlstack_ds.installed.health import probe_installed
@@ -68,9 +70,7 @@ def tinyop_record(venv: Path, tmp_path: Path) -> Path:
     return record
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+cli = partial(run_cli, columns=200, timeout=300)  # the CLI as these tests run it
 
 
 def test_untouched_install_matches_its_record(tinyop_record: Path) -> None:

@@ -66,15 +66,16 @@ def cli_env(env: Mapping[str, str] | None = None, *, base: Mapping[str, str] | N
 
 def run_cli(*args: PathLike, python: PathLike | None = None, env: Mapping[str, str] | None = None,
             base_env: Mapping[str, str] | None = None, columns: int | str | None = None,
-            input: str | None = None, timeout: float = 120, cwd: PathLike | None = None,
+            input: str | None = None, timeout: float = 600, cwd: PathLike | None = None,
             prefix: Sequence[PathLike] = (), stdout: int | IO[Any] | None = subprocess.PIPE,
-            stderr: int | IO[Any] | None = subprocess.PIPE) -> CliResult:
-    """Run `mlstack-ds ARGS` to the end (killed after `timeout` s). The environment is `base_env` (default
-    os.environ) with `env` on top (and COLUMNS=`columns` when given); `input` is its stdin (default: none
-    given, it inherits the test's). `stdout`/`stderr` may be a file instead of a pipe."""
+            stderr: int | IO[Any] | None = subprocess.PIPE, **popen: Any) -> CliResult:
+    """Run `mlstack-ds ARGS` to the end (killed after `timeout` s, a guard against hangs). The environment
+    is `base_env` (default os.environ) with `env` on top (and COLUMNS=`columns` when given); `input` is its
+    stdin (default: none given, it inherits the test's). `stdout`/`stderr` may be a file instead of a pipe;
+    other Popen arguments (`preexec_fn`) pass through."""
     argv = cli_argv(*args, python=python, prefix=prefix)
     done = subprocess.run(argv, input=input, stdout=stdout, stderr=stderr, text=True, timeout=timeout,
-                          env=cli_env(env, base=base_env, columns=columns), cwd=cwd, check=False)
+                          env=cli_env(env, base=base_env, columns=columns), cwd=cwd, check=False, **popen)
     return CliResult(done.args, done.returncode, done.stdout, done.stderr)
 
 
