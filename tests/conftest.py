@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from support.target_env import (
     cached_deepspeed_sdist,
     test_cache_dir,
 )
+from support.trees import patched_tree
 
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
@@ -54,10 +56,30 @@ def needs_fixture(item: pytest.Item, name: str) -> bool:
     return name in getattr(item, "fixturenames", ())
 
 
+# Fixtures that build or install DeepSpeed for real (minutes on a cold cache): a test that needs one, even
+# through another fixture, is marked `slow`, so `-m "not slow"` never starts a build. The cold installs
+# (cold_install, cold_install_next) are autouse and start only for selected tests that need their targets.
+SLOW_FIXTURES = frozenset({
+    INSTALLED_TARGET_FIXTURE,  # `mlstack-ds install`, cold build of the prebuilt ops (support/cold_install.py)
+    INSTALLED_NEXT_TARGET_FIXTURE,  # the same for the second pin
+    "no_ops_venv",  # torch + DeepSpeed built by pip with DS_BUILD_OPS=0 (support/target_env.py)
+})
+
+
+def slow_fixtures(item: pytest.Item) -> set[str]:
+    """The fixtures in `item`'s closure (what it needs, directly or not) that build or install DeepSpeed."""
+    return SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on the cold-installed targets run last, so the installs (started at the first test) overlap
-    everything else: the default pin's, then the second pin's, whose install overlaps the default pin's
-    tests. Relative order is kept within each group."""
+    """Tests that need a DeepSpeed build are marked `slow` (SLOW_FIXTURES). Tests on the cold-installed
+    targets run last, so the installs (started at the first test) overlap everything else: the default
+    pin's, then the second pin's, whose install overlaps the default pin's tests. Relative order is kept
+    within each group."""
+    for item in items:
+        if slow_fixtures(item):
+            item.add_marker(pytest.mark.slow)
     next_pin = [item for item in items if needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE)]
     default_pin = [item for item in items
                    if needs_fixture(item, INSTALLED_TARGET_FIXTURE) and item not in next_pin]
@@ -154,6 +176,21 @@ def next_pristine_tree(fetch_cache: Path, tmp_path_factory: pytest.TempPathFacto
     dest = tmp_path_factory.mktemp("ds-next-pristine") / f"deepspeed-{DS_NEXT_VERSION}"
     return fetch_source(find_recipe(f"deepspeed-{DS_NEXT_VERSION}"), parse_source_spec(str(sdist)), fetch_cache,
                         dest).path
+
+
+PRISTINE_TREE_FIXTURES = {DS_VERSION: "pristine_tree_template", DS_NEXT_VERSION: "next_pristine_tree"}
+
+
+@pytest.fixture(scope="session")
+def patched_trees(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`patched_trees(version)`: a new copy of that pin's pristine tree with its shipped series applied
+    (support/trees.py: patched_tree). Each call makes its own copy; only that pin's pristine tree is made."""
+
+    def make(version: str) -> Path:
+        pristine = request.getfixturevalue(PRISTINE_TREE_FIXTURES[version])
+        return patched_tree(pristine, version, tmp_path_factory.mktemp(f"ds-patched-{version}"))
+
+    return make
 
 
 @pytest.fixture(scope="session")
