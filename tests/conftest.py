@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from support.cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, BackgroundInstall
 from support.e2e import Target
+from support.pins import TORCH_PIN
 from support.target_env import (
     DS_NEXT_SDIST_SHA256,
     DS_NEXT_VERSION,
@@ -33,6 +34,7 @@ from support.target_env import (
     DS_VERSION,
     NO_OPS_FLAGS,
     TargetVenv,
+    bare_venv,
     build_target_venv,
     cached_deepspeed_sdist,
     test_cache_dir,
@@ -251,7 +253,7 @@ def no_ops_venv(deepspeed_sdist: Path) -> TargetVenv:
 def torch_only_python() -> Path:
     """The test venv's interpreter: pinned torch (scripts/test.sh installs it), no DeepSpeed."""
     if importlib.util.find_spec("torch") is None:
-        pytest.fail("the test venv has no torch; scripts/test.sh installs torch==2.13.0 into it")
+        pytest.fail(f"the test venv has no torch; scripts/test.sh installs {TORCH_PIN} into it")
     if importlib.util.find_spec("deepspeed") is not None:
         pytest.fail("the test venv has DeepSpeed installed; it must not (it is the 'deepspeed missing' case)")
     return Path(sys.executable)
@@ -298,6 +300,4 @@ def fake_machine(tmp_path: Path):
 @pytest.fixture(scope="session")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An interpreter with nothing installed (no torch): a fresh venv without pip."""
-    venv = tmp_path_factory.mktemp("bare-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    return venv / "bin" / "python"
+    return bare_venv(tmp_path_factory.mktemp("bare-venv")) / "bin" / "python"

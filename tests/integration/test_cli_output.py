@@ -11,11 +11,11 @@ import json
 import os
 import pty
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.cli import CliResult, run_cli, start_cli
+from support.target_env import bare_venv
 
 from mlstack_ds.installed.receipt import PreviousInstall, Receipt, receipt_path
 
@@ -44,9 +44,7 @@ def assert_whole(stdout: str, values: list[str], excerpts: tuple[str, ...] = ())
 @pytest.fixture(scope="module")
 def long_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv (no pip) at a path far wider than 40 columns."""
-    venv = tmp_path_factory.mktemp("out") / LONG_DIR / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    return venv / "bin" / "python"
+    return bare_venv(tmp_path_factory.mktemp("out") / LONG_DIR / "venv") / "bin" / "python"
 
 
 def test_detect(long_python: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_cli
+from support.target_env import bare_venv
 
 from mlstack_ds.install.repack import repack_installed
 from mlstack_ds.installed.health import probe_installed
@@ -58,9 +59,7 @@ def pip_into(venv: Path, *args: str) -> None:
 
 @pytest.fixture
 def venv(tmp_path: Path) -> Path:
-    path = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
-    return path
+    return bare_venv(tmp_path / "venv")  # its own: pip installs into it
 
 
 @pytest.fixture
