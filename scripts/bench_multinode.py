@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from support.two_hosts import TwoHosts, head_cli, two_hosts  # noqa: E402
+import _repo  # noqa: F401  (the tests' support package: the two-host harness)
+from support.two_hosts import TwoHosts, head_cli, two_hosts
 
 GOAL_RATIO = 2.0
 INSTALL_GOAL_S = 60.0
