@@ -1,4 +1,4 @@
-"""Benchmark the multi-node commands on two test hosts (tests/two_hosts.py: network namespaces, own sshd).
+"""Benchmark the multi-node commands on two test hosts (tests/support/two_hosts.py: network namespaces, own sshd).
 
 - verify: `mlstack-ds verify` on one node (torchrun, 2 ranks) and `verify --hostfile` on 2 nodes x 1 slot
   (DeepSpeed's launcher over pdsh/ssh, shared file system), alternated `--runs` times on the same target;

@@ -7,7 +7,7 @@ The sdist comes from the package index through pip, like users get it; it is cac
 Targets: `installed_target` is the product's own install (`mlstack-ds install` from the PyPI sdist,
 patched), done once per session in the background and shared by the install, verify and multi-node tests;
 its wheel cache (`e2e_cache`) makes later reinstalls take seconds. `no_ops_venv` is the one other kind of
-target: DeepSpeed without prebuilt ops, which mlstack-ds never makes, built by hand in tests/target_env.py;
+target: DeepSpeed without prebuilt ops, which mlstack-ds never makes, built by hand in tests/support/target_env.py;
 tests that only need *a* DeepSpeed (launch mechanics) use it, so they run while the cold install builds.
 """
 
@@ -103,7 +103,7 @@ def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, e2e_cache: Path):
     """Start the session's cold `mlstack-ds install` at the first test when any selected test needs it
-    (tests/cold_install.py); None otherwise."""
+    (tests/support/cold_install.py); None otherwise."""
     if os.environ.get(REUSED_TARGET_ENV) or not any(
             INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in request.session.items):
         yield None
@@ -291,7 +291,7 @@ def git_source_repo(pristine_tree_template: Path, tmp_path_factory: pytest.TempP
 
 @pytest.fixture
 def fake_machine(tmp_path: Path):
-    """A machine whose ROCm tools are fakes replaying real captures (see tests/fakemachine.py)."""
+    """A machine whose ROCm tools are fakes replaying real captures (see tests/support/fakemachine.py)."""
     from support.fakemachine import FakeMachine
 
     return FakeMachine(tmp_path / "machine")

@@ -93,7 +93,7 @@ def test_full_suite_on_two_cpu_ranks(target_venv, install_verify_report) -> None
     assert 0.45 <= zero3["param_share"] <= 0.55 and zero3["partitioned_params"] > 0
     assert 0.45 <= checks["zero1"]["details"]["optimizer_state_share"] <= 0.55
     assert "bf16" in checks["precision"]["details"]["ran"]
-    hf = checks["hf_trainer"]["details"]  # the target has transformers and accelerate (tests/cold_install.py)
+    hf = checks["hf_trainer"]["details"]  # the target has transformers and accelerate (tests/support/cold_install.py)
     assert "MULTI_" in hf["plain"]["distributed_type"]  # the reference is DDP over the same ranks
     for stage in ("zero2", "zero3"):
         assert hf[stage]["filled"]["train_batch_size"] == hf_checks.MICRO_BATCH * report["world_size"]

@@ -1,6 +1,6 @@
 """`mlstack-ds patches refresh` on real trees: the shipped 0.19.5 series replayed on the 0.19.8 sdist.
 
-The trees come from the cached sdists (tests/target_env.py) through the tool's own PATH source; one
+The trees come from the cached sdists (tests/support/target_env.py) through the tool's own PATH source; one
 refresh run is shared by the verdict tests (module scope), so the whole module takes seconds.
 """
 

@@ -1,5 +1,5 @@
 """`bench --hostfile` for real: one ZeRO stage across two hosts (network namespaces with their own sshd,
-tests/two_hosts.py) through DeepSpeed's launcher, one rank on each; nothing left on either node."""
+tests/support/two_hosts.py) through DeepSpeed's launcher, one rank on each; nothing left on either node."""
 
 from __future__ import annotations
 

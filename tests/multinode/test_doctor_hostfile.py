@@ -1,4 +1,4 @@
-"""`doctor --hostfile` on two real hosts (network namespaces with their own sshd; tests/two_hosts.py), run
+"""`doctor --hostfile` on two real hosts (network namespaces with their own sshd; tests/support/two_hosts.py), run
 from the first host as a user there would. The target interpreter is the test venv's (a real CPU torch,
 no DeepSpeed) or tiny venvs of two real Python builds; nothing is faked on the nodes."""
 

@@ -1,4 +1,4 @@
-"""`mlstack-ds install --hostfile` on two real hosts (network namespaces with sshd: tests/two_hosts.py).
+"""`mlstack-ds install --hostfile` on two real hosts (network namespaces with sshd: tests/support/two_hosts.py).
 
 The wheel comes from the session's cold install (`installed_target`): each test gets a copy of its cache
 entry, so the head's build is a cache hit and each node installs in seconds. The target venv is a copy of

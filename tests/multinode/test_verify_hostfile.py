@@ -1,6 +1,6 @@
 """`verify --hostfile` for real: DeepSpeed's own launcher (pdsh over ssh) on two hosts, 1 slot each.
 
-The hosts are network namespaces with their own sshd (tests/two_hosts.py); the CLI runs on the first one.
+The hosts are network namespaces with their own sshd (tests/support/two_hosts.py); the CLI runs on the first one.
 The whole suite across the nodes (every zero* check against the torch reference, as on one node) runs in
 tests/multinode/test_install_hostfile.py, on the nodes `install --hostfile` has just installed. Here, the
 launch mechanics, with only the `environment` check (a rendezvous and a gather, the cheapest launch):

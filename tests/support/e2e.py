@@ -1,4 +1,4 @@
-"""Helpers shared by the end-to-end tests (imported by tests/e2e/conftest.py and the tests)."""
+"""Helpers shared by the end-to-end tests (imported by tests/conftest.py and the tests)."""
 
 from __future__ import annotations
 

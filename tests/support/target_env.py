@@ -1,7 +1,7 @@
 """Target venvs that `mlstack-ds install` never makes, built by hand: CPU torch + DeepSpeed 0.19.5 with
 given DS_BUILD_* flags (the verify tests use DS_BUILD_OPS=0, "no prebuilt ops", and the benchmark uses
 the hand-built CPU-ops venv as its baseline). The normal target comes from `mlstack-ds install`
-(tests/e2e/conftest.py: installed_target). It also owns the test cache directory, for every test and the
+(tests/conftest.py: installed_target). It also owns the test cache directory, for every test and the
 benchmarks.
 
 Venvs are cached under `<test cache>/target-venvs/<key>`, the key being the sdist's sha256, the torch
