@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
 SUBCOMMANDS = {"install": "bench_install", "build": "bench_build", "verify": "bench_verify",
                "rehearsal": "bench_rehearsal", "multinode": "bench_multinode"}
@@ -23,7 +22,6 @@ def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in SUBCOMMANDS:
         sys.stderr.write(f"usage: bench.py {{{','.join(SUBCOMMANDS)}}} [options]\n")
         return 2
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     module = importlib.import_module(SUBCOMMANDS[sys.argv[1]])
     return int(module.main(sys.argv[2:]))
 

@@ -18,12 +18,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _repo import REPO
 from benchdoc import replace_section
 
-REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
 SECTION = "## doctor"
 TARGET_S = 3.0

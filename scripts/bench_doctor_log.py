@@ -30,10 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _repo import REPO
 from benchdoc import replace_section
 
-REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "docs" / "benchmarks.md"
 SECTION = "## doctor --log"
 OLD_COMMIT = "835b364"  # the last commit that read the whole log

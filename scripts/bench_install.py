@@ -25,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import _repo  # noqa: F401  (the tests' support package, for the pins)
+from support.pins import DEEPSPEED_RUNTIME_DEPS, TORCH_PIN
+
 REPO = Path(__file__).resolve().parents[1]
 CPU_FLAGS = {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0", "DS_BUILD_CPU_ADAM": "1", "DS_BUILD_FUSED_ADAM": "1",
              "DS_BUILD_SHM_COMM": "1"}
@@ -41,9 +44,8 @@ def bench_venv(venv: Path) -> str:
     """A fresh venv with the pinned CPU torch and DeepSpeed's build requirements; its interpreter."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "torch==2.13.0", "setuptools", "wheel", "ninja",
-                    "numpy", "packaging", "py-cpuinfo", "psutil", "pydantic>=2", "hjson", "msgpack", "tqdm",
-                    "einops"], check=True)
+    subprocess.run([python, "-m", "pip", "install", "--quiet", TORCH_PIN, "setuptools", "wheel",
+                    *DEEPSPEED_RUNTIME_DEPS], check=True)
     return python
 
 

@@ -1,4 +1,4 @@
-"""Benchmark the multi-node commands on two test hosts (tests/two_hosts.py: network namespaces, own sshd).
+"""Benchmark the multi-node commands on two test hosts (tests/support/two_hosts.py: network namespaces, own sshd).
 
 - verify: `mlstack-ds verify` on one node (torchrun, 2 ranks) and `verify --hostfile` on 2 nodes x 1 slot
   (DeepSpeed's launcher over pdsh/ssh, shared file system), alternated `--runs` times on the same target;
@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from two_hosts import TwoHosts, head_cli, two_hosts  # noqa: E402
+import _repo  # noqa: F401  (the tests' support package: the two-host harness)
+from support.two_hosts import TwoHosts, head_cli, two_hosts
 
 GOAL_RATIO = 2.0
 INSTALL_GOAL_S = 60.0

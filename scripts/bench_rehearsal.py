@@ -15,14 +15,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from _repo import REPO
 
-from mlstack_ds.recipe import find_recipe  # noqa: E402
-from mlstack_ds.rehearsal.matrix import ROWS, spec_for  # noqa: E402
-from mlstack_ds.rehearsal.run import rehearse, violations  # noqa: E402
-from mlstack_ds.source.cache import default_cache_dir  # noqa: E402
-from mlstack_ds.source.fetch import parse_source_spec  # noqa: E402
+from mlstack_ds.recipe import find_recipe
+from mlstack_ds.rehearsal.matrix import ROWS, spec_for
+from mlstack_ds.rehearsal.run import rehearse, violations
+from mlstack_ds.source.cache import default_cache_dir
+from mlstack_ds.source.fetch import parse_source_spec
 
 CAPTURES = (REPO / "tests" / "fixtures" / "real", REPO / "tests" / "patches" / "fixtures")
 

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from mlstack_ds.launch import process as launch  # noqa: E402
+from _repo import REPO
+
+from mlstack_ds.launch import process as launch
 
 NAIVE_STAGES = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "checkpoint")
 GOAL_S = 60.0
@@ -40,8 +40,7 @@ def target_venvs(prebuilt: str | None, jit: str | None) -> tuple[Path, Path]:
     """The two target interpreters; built (and cached) by the e2e tests' builder when not given."""
     if prebuilt and jit:
         return Path(prebuilt), Path(jit)
-    sys.path.insert(0, str(REPO / "tests"))
-    from target_env import (  # noqa: PLC0415
+    from support.target_env import (  # noqa: PLC0415
         CPU_OPS_FLAGS,
         DS_SDIST_SHA256,
         DS_VERSION,

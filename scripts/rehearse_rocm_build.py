@@ -31,16 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from _repo import REPO
 
-from mlstack_ds.errors import MlstackError, UsageError  # noqa: E402
-from mlstack_ds.recipe import find_recipe  # noqa: E402
-from mlstack_ds.rehearsal.matrix import ROWS, matrix_markdown, rocminfo_text, spec_for  # noqa: E402
-from mlstack_ds.rehearsal.parallel import UnitTimes, compile_units, estimate  # noqa: E402
-from mlstack_ds.rehearsal.run import RehearsalResult, RehearsalSpec, rehearse, violations  # noqa: E402
-from mlstack_ds.source.cache import default_cache_dir  # noqa: E402
-from mlstack_ds.source.fetch import parse_source_spec  # noqa: E402
+from mlstack_ds.errors import MlstackError, UsageError
+from mlstack_ds.recipe import find_recipe
+from mlstack_ds.rehearsal.matrix import ROWS, matrix_markdown, rocminfo_text, spec_for
+from mlstack_ds.rehearsal.parallel import UnitTimes, compile_units, estimate
+from mlstack_ds.rehearsal.run import RehearsalResult, RehearsalSpec, rehearse, violations
+from mlstack_ds.source.cache import default_cache_dir
+from mlstack_ds.source.fetch import parse_source_spec
 
 CAPTURES = REPO / "tests" / "fixtures" / "real"
 EXTRA_CAPTURES = REPO / "tests" / "patches" / "fixtures"  # the no-GPU capture of this CI machine

@@ -11,10 +11,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${MLSTACK_TEST_VENV:-.venv-test}
 APT_PACKAGES=(git hipcc rocminfo build-essential ninja-build ccache python3-dev libaio-dev
               openssh-server openssh-client pdsh iproute2 procps util-linux)
-TORCH_SPEC=${MLSTACK_TEST_TORCH:-torch==2.13.0}
-# DeepSpeed 0.19.5's runtime requirements (requirements/requirements.txt, torch aside): the patch tests run
-# DeepSpeed straight from a source tree in this venv.
-DEEPSPEED_DEPS=(einops hjson msgpack ninja numpy 'packaging>=20.0' psutil py-cpuinfo 'pydantic>=2.0.0' tqdm)
+# The torch pin and DeepSpeed 0.19.5's runtime requirements (the patch tests run DeepSpeed straight from a
+# source tree in this venv): pip requirement files, the one place they are spelled (tests/support/pins.py).
+PINS=tests/support/requirements
+TORCH_SPEC=${MLSTACK_TEST_TORCH:-$(grep -v '^#' "$PINS/torch.txt")}
 
 missing_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -34,7 +34,7 @@ fi
 if [[ ! -x $VENV/bin/python ]]; then
   python3 -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC" "${DEEPSPEED_DEPS[@]}"
+"$VENV/bin/python" -m pip install -q -e '.[test]' "$TORCH_SPEC" -r "$PINS/deepspeed-runtime.txt"
 
 "$VENV/bin/ruff" check mlstack_ds tests scripts
 # Compiles are cached with the other test downloads and builds: one cold build per source, shared by the

@@ -7,7 +7,7 @@ The sdist comes from the package index through pip, like users get it; it is cac
 Targets: `installed_target` is the product's own install (`mlstack-ds install` from the PyPI sdist,
 patched), done once per session in the background and shared by the install, verify and multi-node tests;
 its wheel cache (`e2e_cache`) makes later reinstalls take seconds. `no_ops_venv` is the one other kind of
-target: DeepSpeed without prebuilt ops, which mlstack-ds never makes, built by hand in tests/target_env.py;
+target: DeepSpeed without prebuilt ops, which mlstack-ds never makes, built by hand in tests/support/target_env.py;
 tests that only need *a* DeepSpeed (launch mechanics) use it, so they run while the cold install builds.
 """
 
@@ -19,23 +19,27 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, BackgroundInstall
-from e2e_support import Target
-from target_env import (
+from support.cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, BackgroundInstall
+from support.e2e import Target
+from support.pins import TORCH_PIN
+from support.target_env import (
     DS_NEXT_SDIST_SHA256,
     DS_NEXT_VERSION,
     DS_SDIST_SHA256,
     DS_VERSION,
     NO_OPS_FLAGS,
     TargetVenv,
+    bare_venv,
     build_target_venv,
     cached_deepspeed_sdist,
     test_cache_dir,
 )
+from support.trees import patched_tree
 
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
@@ -54,10 +58,30 @@ def needs_fixture(item: pytest.Item, name: str) -> bool:
     return name in getattr(item, "fixturenames", ())
 
 
+# Fixtures that build or install DeepSpeed for real (minutes on a cold cache): a test that needs one, even
+# through another fixture, is marked `slow`, so `-m "not slow"` never starts a build. The cold installs
+# (cold_install, cold_install_next) are autouse and start only for selected tests that need their targets.
+SLOW_FIXTURES = frozenset({
+    INSTALLED_TARGET_FIXTURE,  # `mlstack-ds install`, cold build of the prebuilt ops (support/cold_install.py)
+    INSTALLED_NEXT_TARGET_FIXTURE,  # the same for the second pin
+    "no_ops_venv",  # torch + DeepSpeed built by pip with DS_BUILD_OPS=0 (support/target_env.py)
+})
+
+
+def slow_fixtures(item: pytest.Item) -> set[str]:
+    """The fixtures in `item`'s closure (what it needs, directly or not) that build or install DeepSpeed."""
+    return SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on the cold-installed targets run last, so the installs (started at the first test) overlap
-    everything else: the default pin's, then the second pin's, whose install overlaps the default pin's
-    tests. Relative order is kept within each group."""
+    """Tests that need a DeepSpeed build are marked `slow` (SLOW_FIXTURES). Tests on the cold-installed
+    targets run last, so the installs (started at the first test) overlap everything else: the default
+    pin's, then the second pin's, whose install overlaps the default pin's tests. Relative order is kept
+    within each group."""
+    for item in items:
+        if slow_fixtures(item):
+            item.add_marker(pytest.mark.slow)
     next_pin = [item for item in items if needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE)]
     default_pin = [item for item in items
                    if needs_fixture(item, INSTALLED_TARGET_FIXTURE) and item not in next_pin]
@@ -79,7 +103,7 @@ def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, e2e_cache: Path):
     """Start the session's cold `mlstack-ds install` at the first test when any selected test needs it
-    (tests/cold_install.py); None otherwise."""
+    (tests/support/cold_install.py); None otherwise."""
     if os.environ.get(REUSED_TARGET_ENV) or not any(
             INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in request.session.items):
         yield None
@@ -156,6 +180,21 @@ def next_pristine_tree(fetch_cache: Path, tmp_path_factory: pytest.TempPathFacto
                         dest).path
 
 
+PRISTINE_TREE_FIXTURES = {DS_VERSION: "pristine_tree_template", DS_NEXT_VERSION: "next_pristine_tree"}
+
+
+@pytest.fixture(scope="session")
+def patched_trees(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`patched_trees(version)`: a new copy of that pin's pristine tree with its shipped series applied
+    (support/trees.py: patched_tree). Each call makes its own copy; only that pin's pristine tree is made."""
+
+    def make(version: str) -> Path:
+        pristine = request.getfixturevalue(PRISTINE_TREE_FIXTURES[version])
+        return patched_tree(pristine, version, tmp_path_factory.mktemp(f"ds-patched-{version}"))
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def installed_target(cold_install: BackgroundInstall | None, e2e_cache: Path) -> Target:
     """A venv with torch 2.13.0 CPU, transformers and accelerate, and DeepSpeed installed by
@@ -214,7 +253,7 @@ def no_ops_venv(deepspeed_sdist: Path) -> TargetVenv:
 def torch_only_python() -> Path:
     """The test venv's interpreter: pinned torch (scripts/test.sh installs it), no DeepSpeed."""
     if importlib.util.find_spec("torch") is None:
-        pytest.fail("the test venv has no torch; scripts/test.sh installs torch==2.13.0 into it")
+        pytest.fail(f"the test venv has no torch; scripts/test.sh installs {TORCH_PIN} into it")
     if importlib.util.find_spec("deepspeed") is not None:
         pytest.fail("the test venv has DeepSpeed installed; it must not (it is the 'deepspeed missing' case)")
     return Path(sys.executable)
@@ -252,8 +291,8 @@ def git_source_repo(pristine_tree_template: Path, tmp_path_factory: pytest.TempP
 
 @pytest.fixture
 def fake_machine(tmp_path: Path):
-    """A machine whose ROCm tools are fakes replaying real captures (see tests/fakemachine.py)."""
-    from fakemachine import FakeMachine
+    """A machine whose ROCm tools are fakes replaying real captures (see tests/support/fakemachine.py)."""
+    from support.fakemachine import FakeMachine
 
     return FakeMachine(tmp_path / "machine")
 
@@ -261,6 +300,4 @@ def fake_machine(tmp_path: Path):
 @pytest.fixture(scope="session")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An interpreter with nothing installed (no torch): a fresh venv without pip."""
-    venv = tmp_path_factory.mktemp("bare-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    return venv / "bin" / "python"
+    return bare_venv(tmp_path_factory.mktemp("bare-venv")) / "bin" / "python"

@@ -6,13 +6,11 @@ Kept short (few steps, two stages) for CI; the full default run is measured in d
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import CliResult, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +27,8 @@ RUN_KEYS = {"world_size", "stage", "status", "reason", "samples_per_s", "tokens_
             "step_times_s", "duration_s", "hosts"}
 
 
-def bench(python: Path | str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", "bench", "--python", str(python), *args],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+def bench(python: Path | str, *args: str, timeout: float = 600) -> CliResult:
+    return run_cli("bench", "--python", python, *args, timeout=timeout, columns=200)
 
 
 def runs_by_stage(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

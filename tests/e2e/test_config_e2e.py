@@ -11,15 +11,14 @@ unknown GPU gets, would be skipped by the check on the CPU accelerator).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from config_support import MODEL, ask, placement_configs
-from e2e_support import Target
-from fakemachine import FakeMachine
+from support.cli import run_cli
+from support.config import MODEL, ask, placement_configs
+from support.e2e import Target
+from support.fakemachine import FakeMachine
 
 import mlstack_ds
 from mlstack_ds.config.rules import ORDER
@@ -40,9 +39,8 @@ def test_a_planned_zero3_offload_config_passes_verify_on_two_ranks(installed_tar
     machine.tool("rocminfo", CAPTURE)
     machine.extra_env["PYTHONPATH"] = PACKAGE_PARENT  # the mlstack_ds under test, whichever checkout
     out = tmp_path / "ds_config.json"
-    planned = subprocess.run([sys.executable, "-m", "mlstack_ds", "config", *PLAN_ARGS, "--python",
-                              installed_target.python, "--out", str(out), "--json"], env=machine.environ(),
-                             capture_output=True, text=True, timeout=300, check=False)
+    planned = run_cli("config", *PLAN_ARGS, "--python", installed_target.python, "--out", out, "--json",
+                      base_env=machine.environ(), timeout=300)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
     assert plan["validated"] is True and plan["hardware"]["arch"] == "gfx1100", plan["hardware"]
@@ -53,9 +51,8 @@ def test_a_planned_zero3_offload_config_passes_verify_on_two_ranks(installed_tar
     assert config["bf16"] == {"enabled": True} and "fp16" not in config
     assert "amd_specific" in config  # the installed DeepSpeed carries patch 0014
 
-    verified = subprocess.run([sys.executable, "-m", "mlstack_ds", "verify", "--python", installed_target.python,
-                               "--config", str(out), "--json"], capture_output=True, text=True, timeout=600,
-                              check=False, env={**os.environ, "COLUMNS": "200"})
+    verified = run_cli("verify", "--python", installed_target.python, "--config", out, "--json", timeout=600,
+                       columns=200)
     report = json.loads(verified.stdout)
     sys.stderr.write(f"\n[config e2e] verify --config {report['duration_s']:.1f} s\n")
     assert verified.returncode == 0, (verified.stderr[-3000:], report)

@@ -9,13 +9,13 @@ import re
 import resource
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
-from e2e_support import FIRST_USE, Target, processes_mentioning
+from support.cli import run_cli, start_cli
+from support.e2e import FIRST_USE, Target, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -118,11 +118,8 @@ def test_dry_run_json_changes_nothing(installed_target: Target) -> None:
 
 def test_killed_build_leaves_the_old_install_working(installed_target: Target) -> None:
     before = installed_target.status()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlstack_ds", "install", "--python", installed_target.python,
-         "--cache-dir", str(installed_target.cache), "--rebuild"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    proc = start_cli("install", "--python", installed_target.python, "--cache-dir", installed_target.cache,
+                     "--rebuild", stderr=subprocess.STDOUT)
     logs = installed_target.cache / "logs"
     known = set(logs.glob("*.log"))
     deadline = time.monotonic() + 600
@@ -157,11 +154,8 @@ def test_disk_full_build_fails_cleanly(installed_target: Target, tmp_path: Path)
     def limit_file_size() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    result = subprocess.run(
-        [sys.executable, "-m", "mlstack_ds", "install", "--python", installed_target.python, "--cache-dir",
-         str(cache), "--rebuild"], capture_output=True, text=True, timeout=3600, preexec_fn=limit_file_size,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    result = run_cli("install", "--python", installed_target.python, "--cache-dir", cache, "--rebuild",
+                     timeout=3600, preexec_fn=limit_file_size, columns=200)
     assert result.returncode == 6, result.stderr[-2000:]
     assert "error: building DeepSpeed failed" in result.stderr and "full log:" in result.stderr
     assert "Traceback" not in result.stderr
@@ -221,11 +215,8 @@ def test_bad_inputs_fail_with_one_line_and_code(installed_target: Target, tmp_pa
     assert no_compiler.returncode == 3 and "no C++ compiler" in no_compiler.stderr
 
 
-def test_torch_missing_is_refused_with_the_fix(tmp_path: Path) -> None:
-    bare = tmp_path / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "install", "--python", str(bare / "bin" / "python"),
-                             "--dry-run"], capture_output=True, text=True, timeout=300)
+def test_torch_missing_is_refused_with_the_fix(bare_python: Path) -> None:
+    result = run_cli("install", "--python", bare_python, "--dry-run", timeout=300)
     assert result.returncode == 3
     assert "PyTorch is not installed" in result.stderr and "--with-torch cpu" in result.stderr
 

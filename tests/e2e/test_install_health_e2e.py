@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_support import Target
-from target_env import DEEPSPEED_RUNTIME_DEPS, NO_OPS_FLAGS, TORCH_PIN, built_wheel, make_venv
-from target_env import test_cache_dir as shared_test_cache  # not named test_*: pytest would collect it
+from support.e2e import Target
+from support.target_env import DEEPSPEED_RUNTIME_DEPS, NO_OPS_FLAGS, TORCH_PIN, built_wheel, make_venv
+from support.target_env import test_cache_dir as shared_test_cache  # not named test_*: pytest would collect it
 
 from mlstack_ds.installed.integrity import check_files, parse_record
 from mlstack_ds.installed.receipt import receipt_path

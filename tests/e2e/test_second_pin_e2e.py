@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e_support import FIRST_USE, Target
+from support.e2e import FIRST_USE, Target
 
 from mlstack_ds.patches.series import read_series_names
 from mlstack_ds.recipe import find_recipe

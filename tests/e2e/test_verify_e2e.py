@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import CliResult, run_cli, start_cli
 
 from mlstack_ds.launch import process as launch
 from mlstack_ds.verify.suite import VerifyOptions
@@ -41,11 +42,9 @@ EXPECTED_SKIPS = {"fused_lamb", "fused_lion"}  # not built for the CPU platform
 
 
 def run_verify(python: Path, *args: str, env: dict[str, str] | None = None,
-               timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    argv = [sys.executable, "-m", "mlstack_ds", "verify", "--python", str(python), "--json", *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                          env={**os.environ, **(env or {})})
-    return proc, json.loads(proc.stdout)  # the JSON report is the single stdout document
+               timeout: float = 600) -> tuple[CliResult, dict[str, Any]]:
+    proc = run_cli("verify", "--python", python, "--json", *args, env=env, timeout=timeout)
+    return proc, proc.json  # the JSON report is the single stdout document
 
 
 def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -94,7 +93,7 @@ def test_full_suite_on_two_cpu_ranks(target_venv, install_verify_report) -> None
     assert 0.45 <= zero3["param_share"] <= 0.55 and zero3["partitioned_params"] > 0
     assert 0.45 <= checks["zero1"]["details"]["optimizer_state_share"] <= 0.55
     assert "bf16" in checks["precision"]["details"]["ran"]
-    hf = checks["hf_trainer"]["details"]  # the target has transformers and accelerate (tests/cold_install.py)
+    hf = checks["hf_trainer"]["details"]  # the target has transformers and accelerate (tests/support/cold_install.py)
     assert "MULTI_" in hf["plain"]["distributed_type"]  # the reference is DDP over the same ranks
     for stage in ("zero2", "zero3"):
         assert hf[stage]["filled"]["train_batch_size"] == hf_checks.MICRO_BATCH * report["world_size"]
@@ -226,11 +225,9 @@ def test_sigterm_stops_verify_kills_every_rank_and_reports_what_finished(target_
     token = uuid.uuid4().hex
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
-    env = {**os.environ, "MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:zero1", "MLSTACK_E2E_MARKER": token,
-           "TMPDIR": str(private_tmp)}
-    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "verify", "--python", str(target_venv.python),
-                             "--json", "--only", "environment,zero1", "--timeout", "300"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = {"MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:zero1", "MLSTACK_E2E_MARKER": token, "TMPDIR": str(private_tmp)}
+    proc = start_cli("verify", "--python", target_venv.python, "--json", "--only", "environment,zero1",
+                     "--timeout", "300", env=env)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # until rank 0 has started zero1 (rank 1 hangs in it)
         logs = list(private_tmp.glob("mlstack-verify-*/results/rank0.jsonl"))

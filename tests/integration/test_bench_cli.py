@@ -3,20 +3,16 @@ environment (3) exit code, nothing written. Runs with the test venv's own torch 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+from support.cli import CliResult, run_cli
+
+bench = partial(run_cli, "bench", columns=200)  # `mlstack-ds bench ARGS`
 
 
-def bench(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", "bench", *args], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=120, cwd=cwd)
-
-
-def one_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+def one_error(result: CliResult, code: int, *needles: str) -> None:
     assert result.returncode == code, (result.returncode, result.stderr)
     lines = result.stderr.splitlines()
     assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), result.stderr

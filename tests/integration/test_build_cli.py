@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.cli import CliResult, run_cli
 
 from mlstack_ds.rehearsal.machine import FakeTorch, make_fake_host
 from mlstack_ds.rehearsal.matrix import NO_GPU as NO_GPU_CAPTURE
@@ -25,13 +25,12 @@ WHEEL_ARCHS = " ".join(TORCH_WHEEL_ARCHS)
 
 @pytest.fixture
 def build_host(tmp_path: Path):
-    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, **env: str) -> CliResult:
         host = make_fake_host(tmp_path / "host", rocminfo=NO_GPU.read_text(), rocminfo_exit=1, rocm_version="6.4.1",
                               hip_version="6.4.43482-0f2d60242", layout="opt",
                               torch=FakeTorch("2.13.0+rocm6.4", "6.4.43482-0f2d60242", WHEEL_ARCHS),
                               tree_mark=tmp_path / "nothing-is-built", user_env=env, base_environ=dict(os.environ))
-        return subprocess.run([sys.executable, "-m", "mlstack_ds", *args, "--python", sys.executable],
-                              capture_output=True, text=True, timeout=180, env={**host.environ, "COLUMNS": "200"})
+        return run_cli(*args, "--python", sys.executable, base_env=host.environ, columns=200, timeout=180)
     return run
 
 

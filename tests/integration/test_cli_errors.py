@@ -3,38 +3,32 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli, start_cli
 
 from mlstack_ds import __version__
 
 
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
-
-
 def test_version_and_help() -> None:
-    assert cli("--version").stdout.strip() == f"mlstack-ds {__version__}"
-    help_text = cli("--help").stdout
+    assert run_cli("--version").stdout.strip() == f"mlstack-ds {__version__}"
+    help_text = run_cli("--help").stdout
     assert "detect" in help_text and "Exit codes" in help_text
 
 
 def test_unknown_command_is_usage_error() -> None:
-    result = cli("no-such-command")
+    result = run_cli("no-such-command")
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["error: No such command 'no-such-command'.",
                                           "hint: see 'mlstack-ds --help'"]
 
 
 def test_bad_option_value_is_one_line_usage_error_naming_the_commands_help() -> None:
-    result = cli("detect", "--tool-timeout", "soon", COLUMNS="40")
+    result = run_cli("detect", "--tool-timeout", "soon", columns=40)
     assert result.returncode == 2 and result.stdout == ""
     error, hint = result.stderr.splitlines()  # one line each, even on a narrow terminal
     assert error.startswith("error: Invalid value for '--tool-timeout'")
@@ -42,7 +36,7 @@ def test_bad_option_value_is_one_line_usage_error_naming_the_commands_help() -> 
 
 
 def test_extra_argument_is_one_line_usage_error() -> None:
-    result = cli("patches", "apply", "/some/tree")
+    result = run_cli("patches", "apply", "/some/tree")
     assert result.returncode == 2
     error, hint = result.stderr.splitlines()
     assert error.startswith("error: Got unexpected extra argument") and error.endswith("(/some/tree)")
@@ -50,7 +44,7 @@ def test_extra_argument_is_one_line_usage_error() -> None:
 
 
 def test_bare_group_shows_its_help() -> None:
-    result = cli("patches")
+    result = run_cli("patches")
     assert result.returncode == 2
     assert "apply" in result.stdout + result.stderr and "Traceback" not in result.stderr
 
@@ -65,8 +59,7 @@ def test_ctrl_c_stops_a_command_at_once_and_kills_its_probe(tmp_path: Path, comm
     hanging_python = tmp_path / "python"
     hanging_python.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
     hanging_python.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", command, "--python", str(hanging_python)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_cli(command, "--python", hanging_python)
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -91,18 +84,17 @@ def _cmdline(proc: Path) -> bytes:
 
 
 def test_json_failure_prints_one_error_document_on_stdout() -> None:
-    result = cli("install", "--jobs", "0", "--json")
+    result = run_cli("install", "--jobs", "0", "--json")
     assert result.returncode == 2
     assert json.loads(result.stdout) == {"error": {"message": "--jobs 0: must be at least 1", "hint": "e.g. --jobs 4",
                                                    "exit_code": 2}}
-    usage = cli("verify", "--world-size", "x", "--json")
+    usage = run_cli("verify", "--world-size", "x", "--json")
     assert usage.returncode == 2 and json.loads(usage.stdout)["error"]["exit_code"] == 2
 
 
 def test_a_closed_pipe_is_not_a_bug() -> None:
     """`mlstack-ds --help | true`: the reader went away; exit 141 quietly, as Unix tools do."""
-    proc = subprocess.Popen([sys.executable, "-m", "mlstack_ds", "--help"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = start_cli("--help", text=False)
     assert proc.stdout is not None
     proc.stdout.close()
     _, stderr = proc.communicate(timeout=60)
@@ -111,8 +103,7 @@ def test_a_closed_pipe_is_not_a_bug() -> None:
 
 def test_a_full_device_is_an_environment_error() -> None:
     with open("/dev/full", "w") as full:
-        result = subprocess.run([sys.executable, "-m", "mlstack_ds", "recipes", "list", "--json"], stdout=full,
-                                stderr=subprocess.PIPE, text=True, timeout=60)
+        result = run_cli("recipes", "list", "--json", stdout=full, timeout=60)
     assert result.returncode == 3
     assert result.stderr.splitlines()[0] == "error: cannot write the output: No space left on device"
 
@@ -125,7 +116,7 @@ def test_a_full_device_is_an_environment_error() -> None:
 def test_a_binary_file_is_named_not_a_traceback(tmp_path: Path, args: list[str], code: int, what: str) -> None:
     binary = tmp_path / "binary"
     binary.write_bytes(bytes(range(128, 256)))
-    result = cli(*[a.format(bin=binary) for a in args])
+    result = run_cli(*[a.format(bin=binary) for a in args])
     assert result.returncode == code, result.stderr
     error, hint = result.stderr.strip().splitlines()[-2:]
     assert error == f"error: {what} {binary} is not a UTF-8 text file (byte 0 is 0x80)" and hint.startswith("hint:")
@@ -140,7 +131,7 @@ def test_dry_run_refuses_a_local_source_the_real_install_would_refuse(tmp_path: 
         (["--source", str(tmp_path), "--sha256", "a" * 64], 2, "--sha256 applies to archives"),
     ]
     for args, code, message in cases:
-        result = cli("install", "--dry-run", *args)
+        result = run_cli("install", "--dry-run", *args)
         assert result.returncode == code, (args, result.stderr)
         error, hint = result.stderr.splitlines()[-2:]
         assert message in error and hint.startswith("hint: ")
@@ -154,28 +145,26 @@ def test_dry_run_refuses_a_local_source_the_real_install_would_refuse(tmp_path: 
     (["install", "--dry-run", "--arch", ""], 2, "--arch: no GPU target given"),
 ])
 def test_inputs_that_used_to_slip_through_are_refused(args: list[str], code: int, message: str) -> None:
-    result = cli(*args)
+    result = run_cli(*args)
     assert result.returncode == code, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_verify_without_torch_is_an_environment_problem(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
-    result = cli("verify", "--python", str(tmp_path / "bare" / "bin" / "python"))
+def test_verify_without_torch_is_an_environment_problem(bare_python: Path) -> None:
+    result = run_cli("verify", "--python", str(bare_python))
     assert result.returncode == 3  # not "14 checks failed": nothing could be checked
     assert "torch is not importable" in result.stderr and "hint:" in result.stderr
 
 
 def test_relative_python_path_is_that_file_not_a_name_on_path(tmp_path: Path) -> None:
     (tmp_path / "python").symlink_to(sys.executable)
-    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "status", "--python", "./python", "--json"],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    result = run_cli("status", "--python", "./python", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["python"] == str(tmp_path / "python")
 
 
 def test_dry_run_prints_the_plan_on_stdout_and_accepts_the_recipe_name() -> None:
-    result = cli("install", "--dry-run", "--deepspeed-version", "deepspeed-0.19.5")
+    result = run_cli("install", "--dry-run", "--deepspeed-version", "deepspeed-0.19.5")
     assert result.returncode == 0, result.stderr
     assert "DeepSpeed: 0.19.5" in result.stdout and "DS_BUILD_OPS=0" in result.stdout
 
@@ -183,5 +172,5 @@ def test_dry_run_prints_the_plan_on_stdout_and_accepts_the_recipe_name() -> None
 def test_user_text_is_printed_as_is_not_as_emoji(tmp_path: Path) -> None:
     series = tmp_path / "series"
     series.write_text("root:x:0:0\n")  # rich would print ":x:" as an emoji
-    result = cli("patches", "list", "--series", str(series))
+    result = run_cli("patches", "list", "--series", str(series))
     assert result.returncode == 5 and "root:x:0:0" in result.stderr

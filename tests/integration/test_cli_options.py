@@ -4,13 +4,11 @@ and one default `--source` for `fetch`, `install` and `build`."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import typer
+from support.cli import CliResult, run_cli
 
 from mlstack_ds.cli.app import build_app
 from mlstack_ds.recipe import find_recipe
@@ -18,9 +16,8 @@ from mlstack_ds.recipe import find_recipe
 SHIPPED_RECIPE = find_recipe().path
 
 
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300)
+def cli(*args: str, **env: str) -> CliResult:
+    return run_cli(*args, env=env, timeout=300)
 
 
 def _commands() -> dict[str, object]:

@@ -11,10 +11,11 @@ import json
 import os
 import pty
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import CliResult, run_cli, start_cli
+from support.target_env import bare_venv
 
 from mlstack_ds.installed.receipt import PreviousInstall, Receipt, receipt_path
 
@@ -23,9 +24,8 @@ MASK_ERROR = FIXTURES / "doctor-logs" / "mask-64bit_ds-7565.txt"
 LONG_DIR = "a-directory-name-much-longer-than-forty-columns-to-copy-whole"
 
 
-def cli(*args: str, columns: str = "40") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": columns}, timeout=300)
+def cli(*args: str, columns: str = "40") -> CliResult:
+    return run_cli(*args, columns=columns, timeout=300)
 
 
 def assert_whole(stdout: str, values: list[str], excerpts: tuple[str, ...] = ()) -> None:
@@ -44,9 +44,7 @@ def assert_whole(stdout: str, values: list[str], excerpts: tuple[str, ...] = ())
 @pytest.fixture(scope="module")
 def long_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv (no pip) at a path far wider than 40 columns."""
-    venv = tmp_path_factory.mktemp("out") / LONG_DIR / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    return venv / "bin" / "python"
+    return bare_venv(tmp_path_factory.mktemp("out") / LONG_DIR / "venv") / "bin" / "python"
 
 
 def test_detect(long_python: Path) -> None:
@@ -118,9 +116,8 @@ def test_status_of_a_receipt(long_python: Path) -> None:
 def on_a_terminal(columns: int, *args: str) -> str:
     """The command's stdout as a terminal `columns` wide shows it."""
     leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm", "NO_COLOR": "1"}
-    with subprocess.Popen([sys.executable, "-m", "mlstack_ds", *args], stdout=follower,
-                          stderr=subprocess.DEVNULL, env=env) as proc:
+    with start_cli(*args, columns=columns, env={"TERM": "xterm", "NO_COLOR": "1"}, stdout=follower,
+                   stderr=subprocess.DEVNULL, text=False) as proc:
         os.close(follower)
         chunks = []
         while True:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from fakemachine import FakeMachine
-from target_env import TargetVenv
+from support.cli import start_cli
+from support.fakemachine import FakeMachine
+from support.target_env import TargetVenv
 
 import mlstack_ds
 from mlstack_ds.config.model import PRESETS
@@ -42,9 +42,8 @@ def guide_plans(tmp_path_factory: pytest.TempPathFactory, no_ops_venv: TargetVen
     machine = rx_7900_xtx(tmp_path_factory.mktemp("rx7900xtx"))
     # Started together: each is one interpreter start importing DeepSpeed (seconds of CPU, mostly waiting
     # for imports), so two cores finish four in about the time of two.
-    running = {size: subprocess.Popen([sys.executable, "-m", "mlstack_ds", "config", size, *GUIDE_ARGS, "--python",
-                                       str(no_ops_venv.python), "--json"], env=machine.environ(),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = {size: start_cli("config", size, *GUIDE_ARGS, "--python", no_ops_venv.python, "--json",
+                               base_env=machine.environ())
                for size in GUIDE_SIZES}
     plans = {}
     for size, proc in running.items():

@@ -8,12 +8,11 @@ One start of the target per request (imports take seconds), so each test sends a
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from config_support import MODEL, ask, placement_configs
-from target_env import TargetVenv
+from support.cli import run_cli
+from support.config import MODEL, ask, placement_configs
+from support.target_env import TargetVenv
 
 from mlstack_ds.config.rules import ORDER
 
@@ -57,8 +56,7 @@ def test_verify_refuses_a_config_deepspeed_rejects_before_launching(tmp_path: Pa
     config = tmp_path / "ds_config.json"
     config.write_text('{"train_micro_batch_size_per_gpu": 1,\n // ours\n'
                       ' "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}}\n')
-    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "verify", "--config", str(config), "--python",
-                             str(no_ops_venv.python)], capture_output=True, text=True, timeout=300, check=False)
+    result = run_cli("verify", "--config", config, "--python", no_ops_venv.python, timeout=300)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[0] == (f"error: --config {config}: DeepSpeed rejects zero_optimization.offload_optimizer.device: "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakemachine import REAL, FakeMachine
+from support.fakemachine import REAL, FakeMachine
 
 
 def gpu_summary(report: dict) -> list[tuple]:

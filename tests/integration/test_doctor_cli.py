@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.cli import CliResult, run_cli
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REAL = FIXTURES / "real"
@@ -50,29 +51,27 @@ class FakeMachine:
         for number, target in enumerate(kfd_targets, start=1):
             write(nodes / str(number) / "properties", f"gfx_target_version {target}\n")
 
-    def run(self, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, stdin: str | None = None, **env: str) -> CliResult:
         environ = {k: v for k, v in os.environ.items()
                    if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM", "HIP_", "ROCM_HOME", "TORCH_EXTENSIONS"))}
         environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm),
                        TORCH_EXTENSIONS_DIR=str(self.extensions))
         environ.update(env)
-        argv = [sys.executable, "-m", "mlstack_ds", "doctor", "--python", sys.executable,
-                "--sys-root", str(self.root), *args]
-        return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300, check=False,
-                              input=stdin)
+        return run_cli("doctor", "--python", sys.executable, "--sys-root", self.root, *args, base_env=environ,
+                       timeout=300, input=stdin)
 
 
-def findings(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
+def findings(result: CliResult) -> dict[str, dict]:
     return {f["rule_id"]: f for f in json.loads(result.stdout)["findings"]}
 
 
 @pytest.fixture(scope="module")
-def rx7900_json(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+def rx7900_json(tmp_path_factory: pytest.TempPathFactory) -> CliResult:
     machine = FakeMachine(tmp_path_factory.mktemp("rx7900"), RX7900, kfd_targets=(110000,))
     return machine.run("--json")
 
 
-def test_cpu_torch_on_an_rx7900_is_an_error(rx7900_json: subprocess.CompletedProcess[str]) -> None:
+def test_cpu_torch_on_an_rx7900_is_an_error(rx7900_json: CliResult) -> None:
     assert rx7900_json.returncode == EXIT_ENVIRONMENT, rx7900_json.stderr
     document = json.loads(rx7900_json.stdout)
     env = document["environment"]
@@ -261,8 +260,7 @@ def test_ds_config_read_like_deepspeed(tmp_path: Path) -> None:
 def test_hostfile_deepspeed_would_reject_is_exit_2_before_any_ssh(tmp_path: Path, hostfile_text: str,
                                                                   says: str) -> None:
     hostfile = write(tmp_path / "hostfile", hostfile_text)
-    result = subprocess.run([sys.executable, "-m", "mlstack_ds", "doctor", "--hostfile", str(hostfile)],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = run_cli("doctor", "--hostfile", hostfile)
     assert result.returncode == 2, result.stderr
     assert says in result.stderr and "hint:" in result.stderr and "Traceback" not in result.stderr
 

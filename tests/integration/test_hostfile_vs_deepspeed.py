@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
 from mlstack_ds.cluster.hostfile import parse_hostfile
 from mlstack_ds.errors import ExitCode, UsageError
@@ -124,10 +125,6 @@ def test_master_is_the_first_host_with_a_slot(hostfiles: dict[str, Path]) -> Non
     assert argv[argv.index("--master_addr") + 1] == "node-b"
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize(("name", "message"), [
     ("duplicate-host", ":3: host node-a is listed twice (first on line 1)"),
     ("spaces-around-equals", ":1: bad entry 'node-a slots = 8': expected `hostname slots=N`"),
@@ -135,7 +132,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 ])
 def test_verify_refuses_a_bad_hostfile_as_a_usage_error(hostfiles: dict[str, Path], name: str, message: str) -> None:
     """A duplicate host used to reach DeepSpeed's launcher and come back as failed checks (exit 8)."""
-    result = cli("verify", "--hostfile", str(hostfiles[name]))
+    result = run_cli("verify", "--hostfile", str(hostfiles[name]))
     assert result.returncode == 2, result.stderr
     error, hint = result.stderr.splitlines()
     assert error == f"error: --hostfile {hostfiles[name]}{message}"

@@ -7,17 +7,14 @@ before the environment is touched, which the last assertion checks.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "COLUMNS": "200"})
+cli = partial(run_cli, columns=200)  # the CLI as these tests run it
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 import zipfile
+from functools import partial
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
+from support.target_env import bare_venv
 
 from mlstack_ds.install.repack import repack_installed
 from mlstack_ds.installed.health import probe_installed
@@ -56,9 +59,7 @@ def pip_into(venv: Path, *args: str) -> None:
 
 @pytest.fixture
 def venv(tmp_path: Path) -> Path:
-    path = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
-    return path
+    return bare_venv(tmp_path / "venv")  # its own: pip installs into it
 
 
 @pytest.fixture
@@ -68,9 +69,7 @@ def tinyop_record(venv: Path, tmp_path: Path) -> Path:
     return record
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+cli = partial(run_cli, columns=200, timeout=300)  # the CLI as these tests run it
 
 
 def test_untouched_install_matches_its_record(tinyop_record: Path) -> None:

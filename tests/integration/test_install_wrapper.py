@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.target_env import bare_venv
 
 REPO = Path(__file__).resolve().parents[2]
 WRAPPER = REPO / "scripts" / "install_deepspeed.sh"
@@ -42,8 +43,7 @@ def test_bad_arguments(args: list[str], message: str) -> None:
 def test_with_torch_cpu_refuses_to_shadow_a_rocm_torch(tmp_path: Path) -> None:
     """A ROCm PyTorch cannot be installed here (no GPU build on this machine's index), so a stand-in
     package with ROCm's `torch.version` attributes plays it; the wrapper must stop before installing."""
-    venv = tmp_path / "venv"
-    subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    venv = bare_venv(tmp_path / "venv", "python3")  # the wrapper's own python3, as the README runs it
     (site,) = venv.glob("lib/python3*/site-packages")
     (site / "torch").mkdir()
     (site / "torch" / "__init__.py").write_text(

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from patchmaker import PatchMaker, insert_line, new_file, replace_text, write_series
+from support.cli import run_cli
+from support.patchmaker import PatchMaker, insert_line, new_file, replace_text, write_series
 
 from mlstack_ds.errors import ExitCode
 
@@ -18,11 +17,6 @@ from mlstack_ds.errors import ExitCode
 def flat(text: str) -> str:
     """Output with line wrapping undone (rich wraps long messages at the terminal width)."""
     return " ".join(text.split())
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=900, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +46,7 @@ def test_fetch_pypi_then_apply_is_reproducible(pip_mirror: Path, cli_series: dic
     for run in ("first", "second"):  # separate caches: nothing is shared between the two runs
         dest, cache = tmp_path / run / "deepspeed", tmp_path / run / "cache"
         fetched = run_cli("fetch", "--source", "pypi", "--dest", str(dest), "--cache-dir", str(cache), "--json",
-                          env=pip_env)
+                          env=pip_env, timeout=900)
         assert fetched.returncode == 0, fetched.stderr
         shipped = run_cli("patches", "apply", "--tree", str(dest), "--json")  # the shipped series
         assert shipped.returncode == 0, shipped.stderr

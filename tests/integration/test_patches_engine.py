@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from patchmaker import PatchMaker, copy_tree, git_out, insert_line, new_file, replace_text, write_series
+from support.patchmaker import PatchMaker, copy_tree, git_out, insert_line, new_file, replace_text, write_series
 
 from mlstack_ds.errors import ExitCode, PatchError
 from mlstack_ds.patches import (

@@ -1,20 +1,20 @@
 """`mlstack-ds patches refresh` on real trees: the shipped 0.19.5 series replayed on the 0.19.8 sdist.
 
-The trees come from the cached sdists (tests/target_env.py) through the tool's own PATH source; one
+The trees come from the cached sdists (tests/support/target_env.py) through the tool's own PATH source; one
 refresh run is shared by the verdict tests (module scope), so the whole module takes seconds.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import run_cli as support_run_cli
 
 from mlstack_ds.errors import ExitCode, UsageError
 from mlstack_ds.patches.refresh import check_out_dir
@@ -23,10 +23,8 @@ from mlstack_ds.resources import data_dir
 OLD = data_dir("patches") / "deepspeed-0.19.5"
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300, check=False)
+# The CLI as these tests run it: from this checkout also in another working directory.
+run_cli = partial(support_run_cli, env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])}, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
 from mlstack_ds.errors import ExitCode, FetchError, UsageError
 from mlstack_ds.recipe import find_recipe
@@ -285,11 +285,6 @@ def test_unwritable_cache_is_a_clear_error(deepspeed_sdist: Path, tmp_path: Path
 def flat(text: str) -> str:
     """Output with line wrapping undone (rich wraps long messages at the terminal width)."""
     return " ".join(text.split())
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlstack_ds", *args], check=False, capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=600)
 
 
 def test_cli_fetch_json_and_exit_codes(deepspeed_sdist: Path, tmp_path: Path) -> None:

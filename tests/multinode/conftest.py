@@ -1,9 +1,9 @@
-"""Two hosts for the multi-node tests (tests/two_hosts.py): network namespaces with their own sshd.
+"""Two hosts for the multi-node tests (tests/support/two_hosts.py): network namespaces with their own sshd.
 
 `two_hosts_shared` is the usual cluster: both nodes see the same file system (an NFS home), so the target
 venv and the tool are at the same paths everywhere. `node_local_hosts` gives each node its own copy of a
 venv at one common path that only that node sees (a mount namespace), which forces the copy paths.
-The CLI runs on the first host (`head_cli` in tests/two_hosts.py), as a user logged in there would.
+The CLI runs on the first host (`head_cli` in tests/support/two_hosts.py), as a user logged in there would.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
+from support.two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
 
 
 def _skip_without_harness() -> None:
@@ -36,7 +36,7 @@ def node_local_hosts(tmp_path: Path) -> Iterator[Callable[..., AbstractContextMa
     """`node_local_hosts(venv=None)`: two hosts, each with a scratch directory of its own at one common path
     (`scratch_dir(hosts)`: give it to the CLI as TMPDIR, and what it writes there is on that node only,
     like a node-local /tmp) and, with `venv`, its own copy of that venv at the venv's path
-    (`own_hostnames`: see tests/two_hosts.py). `first_node_only`: directories the first node (where
+    (`own_hostnames`: see tests/support/two_hosts.py). `first_node_only`: directories the first node (where
     `head_cli` runs) sees as they are and the others as an empty directory of their own (a node-local
     cache). `hardlinks`: the venv copies are `cp -al` (seconds, not minutes, for a torch venv), for tests
     that only add and remove files in them (pip does; nothing may be changed in place)."""

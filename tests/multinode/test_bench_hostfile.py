@@ -1,13 +1,13 @@
 """`bench --hostfile` for real: one ZeRO stage across two hosts (network namespaces with their own sshd,
-tests/two_hosts.py) through DeepSpeed's launcher, one rank on each; nothing left on either node."""
+tests/support/two_hosts.py) through DeepSpeed's launcher, one rank on each; nothing left on either node."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from target_env import TargetVenv
-from two_hosts import TwoHosts, head_cli
+from support.target_env import TargetVenv
+from support.two_hosts import TwoHosts, head_cli
 
 pytestmark = pytest.mark.slow
 

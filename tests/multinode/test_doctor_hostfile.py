@@ -1,4 +1,4 @@
-"""`doctor --hostfile` on two real hosts (network namespaces with their own sshd; tests/two_hosts.py), run
+"""`doctor --hostfile` on two real hosts (network namespaces with their own sshd; tests/support/two_hosts.py), run
 from the first host as a user there would. The target interpreter is the test venv's (a real CPU torch,
 no DeepSpeed) or tiny venvs of two real Python builds; nothing is faked on the nodes."""
 
@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from two_hosts import NETNS_ETC, NODE_NAMES, SUBNET, TwoHosts, head_cli, missing, two_hosts
+from support.target_env import bare_venv
+from support.two_hosts import NETNS_ETC, NODE_NAMES, SUBNET, TwoHosts, head_cli, missing, two_hosts
 
 EXIT_ENVIRONMENT = 3
 DEAD_HOST = "mls-node-c"  # in the ssh configuration, at node b's address, on a port where nothing listens
@@ -34,11 +35,6 @@ def doctor(hosts: TwoHosts, hostfile: Path, python: Path, *extra: str) -> subpro
 
 def by_id(report: dict[str, object]) -> dict[str, dict[str, object]]:
     return {f["rule_id"]: f for f in report["findings"]}  # type: ignore[index, union-attr]
-
-
-def tiny_venv(base_python: str, where: Path) -> Path:
-    subprocess.run([base_python, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120)
-    return where
 
 
 @contextmanager
@@ -147,7 +143,7 @@ def test_hostname_listed_first_as_127_0_1_1(tmp_path: Path) -> None:
 
 
 def test_python_missing_on_one_node(tmp_path: Path) -> None:
-    venv = tiny_venv(sys.executable, tmp_path / "venv")
+    venv = bare_venv(tmp_path / "venv", sys.executable)
     empty = tmp_path / "empty"
     empty.mkdir()
     with nodes_differing_at(venv, {"mls-node-a": venv, "mls-node-b": empty}, tmp_path) as hosts:
@@ -166,8 +162,8 @@ def test_python_versions_differ_between_nodes(tmp_path: Path) -> None:
                                text=True, check=True).stdout.strip() for p in (system, ours)]
     if versions[0] == versions[1]:
         pytest.skip(f"{system} and {ours} are the same Python version ({versions[0]})")
-    venv = tiny_venv(system, tmp_path / "venv")
-    other = tiny_venv(ours, tmp_path / "venv-b")
+    venv = bare_venv(tmp_path / "venv", system)
+    other = bare_venv(tmp_path / "venv-b", ours)
     with nodes_differing_at(venv, {"mls-node-a": venv, "mls-node-b": other}, tmp_path) as hosts:
         result = doctor(hosts, hosts.hostfile(1, tmp_path), venv / "bin" / "python", "--json")
     assert result.returncode == EXIT_ENVIRONMENT, result.stdout + result.stderr

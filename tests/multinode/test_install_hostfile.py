@@ -1,4 +1,4 @@
-"""`mlstack-ds install --hostfile` on two real hosts (network namespaces with sshd: tests/two_hosts.py).
+"""`mlstack-ds install --hostfile` on two real hosts (network namespaces with sshd: tests/support/two_hosts.py).
 
 The wheel comes from the session's cold install (`installed_target`): each test gets a copy of its cache
 entry, so the head's build is a cache hit and each node installs in seconds. The target venv is a copy of
@@ -9,7 +9,6 @@ clients stay: the namespaces have no package index, and pip must find every requ
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,21 +17,17 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from e2e_support import Target
-from two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli
+from support.cli import run_cli
+from support.e2e import Target
+from support.two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli, host_cli
 
 from mlstack_ds import __version__
 from mlstack_ds.verify.checks import select_checks
 
 
-def node_cli(hosts: TwoHosts, host: Host, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    """The tool run on `host` itself (its mounts: its own copy of a node-local venv)."""
-    return hosts.run_on(host, [sys.executable, "-m", "mlstack_ds", *args], timeout=300,
-                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
-
-
 def node_status(hosts: TwoHosts, host: Host, python: Path) -> dict:
-    result = node_cli(hosts, host, "status", "--python", python, "--json")
+    """`status` run on `host` itself (its mounts: its own copy of a node-local venv)."""
+    result = host_cli(hosts, host, "status", "--python", python, "--json", timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -42,8 +37,7 @@ def base_venv(installed_target: Target, tmp_path_factory: pytest.TempPathFactory
     """The installed target's venv without DeepSpeed (the tool's own uninstall), copied once per module."""
     venv = tmp_path_factory.mktemp("hostfile-base") / "venv"
     subprocess.run(["cp", "-a", str(installed_target.venv), str(venv)], check=True)
-    done = subprocess.run([sys.executable, "-m", "mlstack_ds", "uninstall", "--python", str(venv / "bin" / "python")],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    done = run_cli("uninstall", "--python", venv / "bin" / "python", env={"PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr
     return venv
 

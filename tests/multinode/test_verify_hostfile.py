@@ -1,6 +1,6 @@
 """`verify --hostfile` for real: DeepSpeed's own launcher (pdsh over ssh) on two hosts, 1 slot each.
 
-The hosts are network namespaces with their own sshd (tests/two_hosts.py); the CLI runs on the first one.
+The hosts are network namespaces with their own sshd (tests/support/two_hosts.py); the CLI runs on the first one.
 The whole suite across the nodes (every zero* check against the torch reference, as on one node) runs in
 tests/multinode/test_install_hostfile.py, on the nodes `install --hostfile` has just installed. Here, the
 launch mechanics, with only the `environment` check (a rendezvous and a gather, the cheapest launch):
@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from target_env import TargetVenv
-from two_hosts import REPO_ROOT, TwoHosts, head_cli, scratch_dir, two_hosts
+from support.cli import start_cli
+from support.target_env import TargetVenv
+from support.two_hosts import REPO_ROOT, TwoHosts, head_cli, scratch_dir, two_hosts
 
 from mlstack_ds.errors import ExitCode
 
@@ -115,11 +114,9 @@ def test_sigterm_stops_the_ranks_on_every_node(two_hosts_shared: TwoHosts, targe
     exits 130 and no process of the launch is left on either node. Rank 1, on the second node, hangs in
     its check (the test fault variable reaches it through the env file, like every MLSTACK_ variable)."""
     hosts = two_hosts_shared
-    argv = [sys.executable, "-m", "mlstack_ds", "verify", "--hostfile", hosts.hostfile(1), "--python",
-            target_venv.python, "--only", "environment", "--json"]
     env = hosts.env({**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLSTACK_VERIFY_TEST_FAULT": "hang:rank1:environment"})
-    cli = subprocess.Popen(hosts.on(hosts.hosts[0], argv), env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    cli = start_cli("verify", "--hostfile", hosts.hostfile(1), "--python", target_venv.python, "--only", "environment",
+                    "--json", prefix=hosts.on(hosts.hosts[0], []), base_env=env, cwd=REPO_ROOT)
     try:
         deadline = time.monotonic() + 180
         while not any(_is_worker(pid) for pid in hosts.processes(hosts.hosts[1])):

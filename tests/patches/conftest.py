@@ -1,7 +1,7 @@
 """Fixtures for the AMD patch tests: DeepSpeed trees of both pins, with and without their series applied.
 
-`patched_tree` applies the shipped series with the product's own engine (`mlstack_ds.patches`), which
-also patches the sdist's real copies of csrc/ and op_builder/ under deepspeed/ops/. Trees are
+`patched_tree` applies the shipped series with the product's own engine (tests/conftest.py: patched_trees),
+which also patches the sdist's real copies of csrc/ and op_builder/ under deepspeed/ops/. Trees are
 session-scoped (copying and patching a DeepSpeed tree costs seconds) and must not be modified by tests;
 subprocesses run with PYTHONDONTWRITEBYTECODE.
 
@@ -14,33 +14,26 @@ pin's pristine tree must already behave like the patched 0.19.5 (the evidence th
 from __future__ import annotations
 
 import re
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from target_env import DS_NEXT_VERSION, DS_VERSION
+from support.target_env import DS_NEXT_VERSION, DS_VERSION
 
-from mlstack_ds.patches import apply_series, series_for_recipe
+from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.recipe import find_recipe
 
 
-def _patched(template: Path, version: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tree = tmp_path_factory.mktemp(f"ds-patched-{version}") / template.name
-    shutil.copytree(template, tree, symlinks=True)
-    apply_series(tree, series_for_recipe(find_recipe(f"deepspeed-{version}")))
-    return tree
-
-
 @pytest.fixture(scope="session")
-def patched_tree(pristine_tree_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def patched_tree(patched_trees: Callable[[str], Path]) -> Path:
     """DeepSpeed 0.19.5 with every patch in `series` applied, in order."""
-    return _patched(pristine_tree_template, DS_VERSION, tmp_path_factory)
+    return patched_trees(DS_VERSION)
 
 
 @pytest.fixture(scope="session")
-def next_patched_tree(next_pristine_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def next_patched_tree(patched_trees: Callable[[str], Path]) -> Path:
     """The second pin (0.19.8) with its own series applied."""
-    return _patched(next_pristine_tree, DS_NEXT_VERSION, tmp_path_factory)
+    return patched_trees(DS_NEXT_VERSION)
 
 
 def patch_of_module(module_name: str) -> str:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import run_python_in_tree
+from support.ds_patch import run_python_in_tree
 
 VALUES = [1, 0, -1, 500_000_000]
 PROBE = """

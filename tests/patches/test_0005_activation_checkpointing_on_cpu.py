@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import run_python_in_tree
+from support.ds_patch import run_python_in_tree
 
 from mlstack_ds.launch.process import free_port
 

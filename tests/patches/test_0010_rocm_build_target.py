@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import FIXTURES, fake_tool, run_python_in_tree
+from support.ds_patch import FIXTURES, fake_tool, run_python_in_tree
 
 PROBE = Path(__file__).resolve().parent / "probes" / "rocm_build_target_probe.py"
 MI210_HOST = "rocminfo_gfx90a_4xMI210_rocm-issue-4563.txt"

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import hipcc_device_syntax_check, hipify, requires_hipcc
+from support.ds_patch import hipcc_device_syntax_check, hipify, requires_hipcc
 
 pytestmark = [pytest.mark.hipcc, requires_hipcc]
 

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import hipcc_device_syntax_check, hipify, requires_hipcc
+from support.ds_patch import hipcc_device_syntax_check, hipify, requires_hipcc
 
 HIP_TEST_DIR = Path(__file__).resolve().parent / "hip"
 CONTRACT = HIP_TEST_DIR / "warp_sync_contract.h"

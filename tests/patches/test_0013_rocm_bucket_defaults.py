@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import run_python_in_tree
+from support.ds_patch import run_python_in_tree
 
 PROBE = Path(__file__).resolve().parent / "probes" / "zero_bucket_probe.py"
 OLD, SMALL = 500_000_000, 100_000_000

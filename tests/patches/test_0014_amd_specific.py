@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import run_python_in_tree
+from support.ds_patch import run_python_in_tree
 
 PROBES = Path(__file__).resolve().parent / "probes"
 CASES = {

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import run_python_in_tree
+from support.ds_patch import run_python_in_tree
 
 PROBE = Path(__file__).resolve().parent / "probes" / "cpp_standard_probe.py"
 OLD_TORCH, TORCH_2_12, TORCH_2_13, TORCH_2_14 = "2.11.0+rocm6.4", "2.12.0+rocm7.0", "2.13.0+rocm7.2", "2.14.0+rocm7.2"

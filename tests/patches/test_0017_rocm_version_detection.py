@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ds_patch_helpers import run_python_in_tree
+from support.ds_patch import run_python_in_tree
 
 PROBE = Path(__file__).resolve().parent / "probes" / "rocm_version_probe.py"
 ASSERTION = "AssertionError: Could not detect ROCm version"

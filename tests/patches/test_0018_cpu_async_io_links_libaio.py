@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ds_patch_helpers import probe_result
+from support.ds_patch import probe_result
 
 PROBE = """
 import json

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from target_env import DS_NEXT_SDIST_SHA256, DS_NEXT_VERSION, DS_VERSION, cached_deepspeed_sdist
+from support.target_env import DS_NEXT_SDIST_SHA256, DS_NEXT_VERSION, DS_VERSION, cached_deepspeed_sdist
 
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.rehearsal.matrix import GFX1100, ROWS, Row, matrix_markdown, rocminfo_text, spec_for

@@ -7,35 +7,27 @@ DeepSpeed twice. The patched tree gets the shipped series through the tool's own
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from mlstack_ds.patches import apply_series, series_for_recipe
-from mlstack_ds.recipe import find_recipe
+from support.target_env import DS_VERSION
+from support.trees import copied_tree
 
 
 @pytest.fixture(scope="session")
 def pristine_deepspeed_tree(pristine_tree_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the unpatched tree (importing it writes __pycache__, so never the template)."""
-    tree = tmp_path_factory.mktemp("ds-unpatched") / "deepspeed-0.19.5"
-    shutil.copytree(pristine_tree_template, tree, symlinks=True)
-    return tree
+    return copied_tree(pristine_tree_template, tmp_path_factory.mktemp("ds-unpatched"))
 
 
 @pytest.fixture(scope="session")
-def patched_deepspeed_tree(pristine_tree_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the tree with every patch in the series applied, in order."""
-    tree = tmp_path_factory.mktemp("ds-patched") / "deepspeed-0.19.5"
-    shutil.copytree(pristine_tree_template, tree, symlinks=True)
-    apply_series(tree, series_for_recipe(find_recipe("deepspeed-0.19.5")))
-    return tree
+def patched_deepspeed_tree(patched_trees: Callable[[str], Path]) -> Path:
+    """A copy of the tree with every patch in the series applied, in order (its own copy: imported from)."""
+    return patched_trees(DS_VERSION)
 
 
 @pytest.fixture(scope="session")
 def next_unpatched_deepspeed_tree(next_pristine_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the second pin's tree, with no patch at all."""
-    tree = tmp_path_factory.mktemp("ds-next-unpatched") / next_pristine_tree.name
-    shutil.copytree(next_pristine_tree, tree, symlinks=True)
-    return tree
+    return copied_tree(next_pristine_tree, tmp_path_factory.mktemp("ds-next-unpatched"))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.target_env import bare_venv
 
 from mlstack_ds.cluster.nodeprobe import (
     InterfaceAddress,
@@ -247,8 +248,7 @@ def test_node_script_without_the_python(tmp_path: Path) -> None:
 
 
 def test_node_script_reads_the_receipt(tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    venv = bare_venv(tmp_path / "venv")
     receipt = venv / "share" / "mlstack-ds" / "receipt.json"
     receipt.parent.mkdir(parents=True)
     receipt.write_text("{not json")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import hjson
@@ -99,11 +98,9 @@ def test_unreadable_paths(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def python_without_hjson(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def python_without_hjson(bare_python: Path) -> Path:
     """A real interpreter where DeepSpeed (and so hjson) is not installed yet."""
-    venv = tmp_path_factory.mktemp("bare") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
+    python = bare_python
     assert subprocess.run([python, "-c", "import hjson"], capture_output=True, check=False).returncode != 0
     return python
 

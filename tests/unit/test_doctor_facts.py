@@ -4,11 +4,11 @@ DeepSpeed install; the target-interpreter probe runs the real interpreter."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from doctor_inputs import make_env
+from support.doctor_inputs import make_env
+from support.target_env import bare_venv
 
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo
 from mlstack_ds.detect.target_probe import TargetFacts, probe_target
@@ -121,8 +121,7 @@ def test_libaio_headers_found_through_cpath(tmp_path: Path) -> None:
 
 def test_deepspeed_build_record_and_receipt(tmp_path: Path) -> None:
     """A real (pip-less) venv as the target: its prefix holds the receipt, its site-packages DeepSpeed."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    venv = bare_venv(tmp_path / "venv")
     site = tmp_path / "site-packages"
     write(site / "deepspeed" / "git_version_info_installed.py", GIT_VERSION_INFO)
     write(venv / "share" / "mlstack-ds" / "receipt.json", "{}")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from doctor_inputs import MI210X4, ds_build, gpus_from, healthy_facts, make_env
 from hypothesis import given
 from hypothesis import strategies as st
+from support.doctor_inputs import MI210X4, ds_build, gpus_from, healthy_facts, make_env
 
 from mlstack_ds.detect.model import DeepSpeedInfo
 from mlstack_ds.doctor.engine import Diagnosis

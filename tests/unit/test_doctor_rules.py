@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from doctor_inputs import (
+from support.doctor_inputs import (
     APU780M,
     HIP_60,
     MI210X4,

@@ -100,7 +100,7 @@ def test_the_finding_removes_exactly_the_leaked_segments(
     tmp_path: Path, children: list[subprocess.Popen[str]]
 ) -> None:
     """The rule on facts scanned from real files: the `rm -f` names the leaked ones and their total."""
-    from doctor_inputs import healthy_facts, make_input
+    from support.doctor_inputs import healthy_facts, make_input
 
     shm = tmp_path / "shm"
     shm.mkdir()

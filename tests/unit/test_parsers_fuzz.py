@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from fakemachine import REAL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.fakemachine import REAL
 
 from mlstack_ds.detect import nvidia, rocminfo, smi, versions
 from mlstack_ds.detect.target_probe import parse_target_output

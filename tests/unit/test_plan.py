@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from fakemachine import REAL, FakeMachine
+from support.fakemachine import REAL, FakeMachine
 
 from mlstack_ds.detect import detect
 from mlstack_ds.detect.environment import decide_platform

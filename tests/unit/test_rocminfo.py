@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fakemachine import REAL
+from support.fakemachine import REAL
 
 from mlstack_ds.detect.rocminfo import gpu_agents, parse_rocminfo
 

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from doctor_inputs import make_env
+from support.doctor_inputs import make_env
 
 from mlstack_ds.detect.model import PythonInfo
 from mlstack_ds.detect.target_probe import (

@@ -1,7 +1,7 @@
 """Target venvs that `mlstack-ds install` never makes, built by hand: CPU torch + DeepSpeed 0.19.5 with
 given DS_BUILD_* flags (the verify tests use DS_BUILD_OPS=0, "no prebuilt ops", and the benchmark uses
 the hand-built CPU-ops venv as its baseline). The normal target comes from `mlstack-ds install`
-(tests/e2e/conftest.py: installed_target). It also owns the test cache directory, for every test and the
+(tests/conftest.py: installed_target). It also owns the test cache directory, for every test and the
 benchmarks.
 
 Venvs are cached under `<test cache>/target-venvs/<key>`, the key being the sdist's sha256, the torch
@@ -25,15 +25,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .pins import DEEPSPEED_RUNTIME_DEPS, TORCH_PIN
+
 DS_VERSION = "0.19.5"
 DS_SDIST_SHA256 = "8dc5d32604a3c7a713b3d14de482533bd328ffebe716cdafcc3511953fc90cdf"  # PyPI's sdist
 # The second pin (recipes/deepspeed-0.19.8.toml): patch and refresh tests use its sdist.
 DS_NEXT_VERSION = "0.19.8"
 DS_NEXT_SDIST_SHA256 = "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
-TORCH_PIN = "torch==2.13.0"  # never unpinned: an unpinned torch pulls a multi-GB CUDA build
-# DeepSpeed 0.19.5's requirements/requirements.txt, minus torch (pinned above).
-DEEPSPEED_RUNTIME_DEPS = ("einops", "hjson", "msgpack", "ninja", "numpy", "packaging>=20.0", "psutil",
-                          "py-cpuinfo", "pydantic>=2.0.0", "tqdm")
 # What verify's hf_trainer check runs on top of DeepSpeed, at the versions the research note measured
 # (installed in the same pip call as TORCH_PIN, so torch stays at its pin).
 CLIENT_PACKAGES = ("transformers==5.23.0", "accelerate==1.15.0")
@@ -45,7 +43,7 @@ CPU_OPS_FLAGS: Mapping[str, str] = {
     "DS_BUILD_SHM_COMM": "1",
 }
 NO_OPS_FLAGS: Mapping[str, str] = {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cache_dir() -> Path:
@@ -123,6 +121,13 @@ def built_wheel(sdist: Path, flags: Mapping[str, str], cache_dir: Path) -> Path:
     return next(final.glob("deepspeed-*.whl"))
 
 
+def bare_venv(path: Path, base_python: str | Path = sys.executable) -> Path:
+    """A new venv at `path` with nothing installed, not even pip (`base_python`'s standard library only);
+    returns `path`. The `bare_python` fixture is one, shared; tests that change theirs make their own."""
+    subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    return path
+
+
 def make_venv(path: Path, *requirements: str) -> Path:
     """A new venv at `path` with `requirements` installed (callers pin torch: see TORCH_PIN)."""
     _run([sys.executable, "-m", "venv", str(path)])
@@ -138,7 +143,7 @@ def _run(argv: list[str], env: Mapping[str, str] | None = None) -> None:
                            f"{proc.stderr[-3000:]}")
 
 
-if __name__ == "__main__":  # manual use: python tests/target_env.py SDIST [noops]
+if __name__ == "__main__":  # manual use, from tests/: python -m support.target_env SDIST [noops]
     chosen = NO_OPS_FLAGS if sys.argv[2:] == ["noops"] else CPU_OPS_FLAGS
     made = build_target_venv(Path(sys.argv[1]), chosen, test_cache_dir())
     print(made.root, f"{made.build_seconds:.1f}s")

@@ -23,12 +23,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .cli import CliResult, run_cli
 
 SSHD = Path("/usr/sbin/sshd")
 SSH = Path("/usr/bin/ssh")
@@ -37,7 +38,7 @@ SFTP_SERVER = Path("/usr/lib/openssh/sftp-server")  # scp of OpenSSH >= 9 speaks
 NETNS_ETC = Path("/etc/netns")
 SUBNET = "10.213.77"
 NODE_NAMES = ("mls-node-a", "mls-node-b")
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 INTERFACE = "mls0"  # the same name on every node, so that one GLOO_SOCKET_IFNAME fits all
 
 
@@ -220,9 +221,14 @@ def scratch_dir(hosts: TwoHosts) -> Path:
     return next(common for common in hosts.node_local[NODE_NAMES[0]] if common.name == "scratch")
 
 
+def host_cli(hosts: TwoHosts, host: Host, *args: str | Path, timeout: float = 900,
+             env: Mapping[str, str] | None = None, cwd: Path | None = REPO_ROOT) -> CliResult:
+    """`mlstack-ds ARGS` run on `host` (its network, mounts and name), the tool from this checkout."""
+    return run_cli(*args, prefix=hosts.on(host, []), timeout=timeout, cwd=cwd,
+                   base_env=hosts.env({**os.environ, **(env or {}), "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)}))
+
+
 def head_cli(hosts: TwoHosts, *args: str | Path, timeout: float = 900,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`mlstack-ds ARGS` run on the first host (its network, mounts and name), the tool from this checkout."""
-    return hosts.run_on(hosts.hosts[0], [sys.executable, "-m", "mlstack_ds", *args], timeout=timeout,
-                        env={**os.environ, **(env or {}), "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)},
-                        cwd=REPO_ROOT)
+             env: dict[str, str] | None = None) -> CliResult:
+    """`mlstack-ds ARGS` run on the first host, where a user logged in to the cluster would run it."""
+    return host_cli(hosts, hosts.hosts[0], *args, timeout=timeout, env=env)

@@ -1,13 +1,12 @@
-"""Helpers shared by the end-to-end tests (imported by tests/e2e/conftest.py and the tests)."""
+"""Helpers shared by the end-to-end tests (imported by tests/conftest.py and the tests)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .cli import CliResult, run_cli
 
 # Loads each prebuilt op the way DeepSpeed does at first use (builder.load()), with JIT made impossible:
 # a missing prebuilt op would try to compile into TORCH_EXTENSIONS_DIR, which is a file here.
@@ -32,20 +31,16 @@ class Target:
     def python(self) -> str:
         return str(self.venv / "bin" / "python")
 
-    def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "mlstack_ds", *args], capture_output=True, text=True, timeout=timeout,
-            env={**os.environ, "COLUMNS": "200", **(env or {})},
-        )
+    def cli(self, *args: str, timeout: float = 3600, env: dict[str, str] | None = None) -> CliResult:
+        return run_cli(*args, timeout=timeout, env={"COLUMNS": "200", **(env or {})})
 
-    def install(self, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    def install(self, *args: str, **kwargs) -> CliResult:
         return self.cli("install", "--python", self.python, "--cache-dir", str(self.cache), *args, **kwargs)
 
     def status(self) -> dict:
         result = self.cli("status", "--python", self.python, "--json")
         assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
+        return result.json
 
 
 def processes_mentioning(marker: str) -> list[int]:

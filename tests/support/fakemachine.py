@@ -6,15 +6,14 @@ parses what they print. Scripts use absolute paths (/bin/cat, /bin/sleep) so PAT
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from .cli import CliResult, run_cli
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = FIXTURES / "real"
 
 
@@ -72,13 +71,11 @@ class FakeMachine:
         keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")}
         return {**keep, "PATH": str(self.bin), "COLUMNS": "200", **self.extra_env}
 
-    def run_cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "mlstack_ds", *args],
-            env=self.environ(), capture_output=True, text=True, timeout=timeout,
-        )
+    def run_cli(self, *args: str, timeout: float = 120) -> CliResult:
+        """The CLI run on this machine: only its environment (`environ()`)."""
+        return run_cli(*args, base_env=self.environ(), timeout=timeout)
 
     def detect_json(self, *args: str) -> dict:
         result = self.run_cli("detect", "--json", *args)
         assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
+        return result.json

@@ -12,15 +12,14 @@ each other's cores) and overlaps the default pin's tests; its own tests run last
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-from e2e_support import Target
-from target_env import CLIENT_PACKAGES, TORCH_PIN, make_venv
+from .cli import CliResult, start_cli
+from .e2e import Target
+from .target_env import CLIENT_PACKAGES, TORCH_PIN, make_venv
 
 INSTALLED_TARGET_FIXTURE = "installed_target"
 INSTALLED_NEXT_TARGET_FIXTURE = "installed_next_target"
@@ -38,7 +37,7 @@ class BackgroundInstall:
         self._thread = threading.Thread(target=self._run, name="cold-install", daemon=True)
         self._proc: subprocess.Popen[str] | None = None
         self._stopped = threading.Event()
-        self._result: subprocess.CompletedProcess[str] | None = None
+        self._result: CliResult | None = None
         self._error: BaseException | None = None
         self.started_at = 0.0
         self.seconds = 0.0
@@ -56,20 +55,18 @@ class BackgroundInstall:
                 if self._stopped.is_set():
                     return
             make_venv(self.target.venv, TORCH_PIN, *CLIENT_PACKAGES)
-            argv = ["nice", "-n", "10", sys.executable, "-m", "mlstack_ds", "install", "--python",
-                    self.target.python, "--cache-dir", str(self.target.cache), *self._install_args, "--json"]
             if self._stopped.is_set():
                 return
-            self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          env={**os.environ, "COLUMNS": "200"})
+            self._proc = start_cli("install", "--python", self.target.python, "--cache-dir", self.target.cache,
+                                   *self._install_args, "--json", prefix=("nice", "-n", "10"), columns=200)
             out, err = self._proc.communicate()
-            self._result = subprocess.CompletedProcess(argv, self._proc.returncode, out, err)
+            self._result = CliResult(self._proc.args, self._proc.returncode, out, err)
         except BaseException as exc:  # handed to the waiting test, which fails with it
             self._error = exc
         finally:
             self.seconds = time.monotonic() - self.started_at
 
-    def wait(self, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    def wait(self, timeout: float = 3600) -> CliResult:
         self._thread.join(timeout)
         if self._thread.is_alive():
             self.stop()

@@ -14,7 +14,7 @@ import pytest
 
 from mlstack_ds.runner import RunResult, run
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "patches" / "fixtures"
 # ROCm settings of the machine running the tests must not leak into a test's fake machine.
 HOST_ROCM_VARIABLES = {"PYTORCH_ROCM_ARCH", "DS_ROCM_WAVEFRONT_SIZE", "ROCM_PATH", "ROCM_HOME",
                        "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}

@@ -1,0 +1,92 @@
+"""The one place the tests start the CLI: `mlstack-ds` as a real subprocess (`python -m mlstack_ds`), as a
+user's shell would run it. Nothing is mocked; tests read its exit code, stdout and stderr.
+
+`run_cli(...)` runs it to the end and returns a `CliResult` (a `subprocess.CompletedProcess` with `.json`
+and `.one_error()`); `start_cli(...)` returns the running `Popen`, for the tests that signal it (Ctrl-C),
+read it while it runs or close its pipes. `prefix` runs it under another command (`nice`, `nsenter` into a
+test host), `python` under another interpreter than the test venv's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import IO, Any
+
+PathLike = str | os.PathLike[str]
+
+
+class CliResult(subprocess.CompletedProcess[str]):
+    """What one run of the CLI did: `returncode`, `stdout`, `stderr`, `args`."""
+
+    @cached_property
+    def json(self) -> Any:
+        """stdout parsed as the one JSON document `--json` prints (fails the test, with stderr, if it is not)."""
+        try:
+            return json.loads(self.stdout)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise AssertionError(f"stdout is not one JSON document ({exc}); exit {self.returncode}\n"
+                                 f"stdout: {str(self.stdout)[-2000:]}\nstderr: {str(self.stderr)[-3000:]}") from exc
+
+    def one_error(self) -> tuple[str, str]:
+        """The CLI's failure contract: stderr holds exactly one `error: ` line and one `hint: ` line, after
+        it, and no traceback. Returns (error line, hint line)."""
+        return assert_one_error(self.stderr)
+
+
+def assert_one_error(stderr: str) -> tuple[str, str]:
+    """`CliResult.one_error()` for stderr read some other way (a `start_cli` process)."""
+    lines = stderr.splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    hints = [i for i, line in enumerate(lines) if line.startswith("hint: ")]
+    assert len(errors) == 1 and len(hints) == 1, f"not one error and one hint:\n{stderr[-3000:]}"
+    assert errors[0] < hints[0], f"the hint comes before the error:\n{stderr[-3000:]}"
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return lines[errors[0]], lines[hints[0]]
+
+
+def cli_argv(*args: PathLike, python: PathLike | None = None, prefix: Sequence[PathLike] = ()) -> list[str]:
+    """The command line that starts `mlstack-ds ARGS` (under `prefix`, with `python`)."""
+    return [*map(str, prefix), str(python or sys.executable), "-m", "mlstack_ds", *map(str, args)]
+
+
+def cli_env(env: Mapping[str, str] | None = None, *, base: Mapping[str, str] | None = None,
+            columns: int | str | None = None) -> dict[str, str]:
+    """`base` (default: this process's environment) with `env` on top, and COLUMNS when given."""
+    merged = {**(os.environ if base is None else base), **(env or {})}
+    if columns is not None:
+        merged["COLUMNS"] = str(columns)
+    return merged
+
+
+def run_cli(*args: PathLike, python: PathLike | None = None, env: Mapping[str, str] | None = None,
+            base_env: Mapping[str, str] | None = None, columns: int | str | None = None,
+            input: str | None = None, timeout: float = 600, cwd: PathLike | None = None,
+            prefix: Sequence[PathLike] = (), stdout: int | IO[Any] | None = subprocess.PIPE,
+            stderr: int | IO[Any] | None = subprocess.PIPE, **popen: Any) -> CliResult:
+    """Run `mlstack-ds ARGS` to the end (killed after `timeout` s, a guard against hangs). The environment
+    is `base_env` (default os.environ) with `env` on top (and COLUMNS=`columns` when given); `input` is its
+    stdin (default: none given, it inherits the test's). `stdout`/`stderr` may be a file instead of a pipe;
+    other Popen arguments (`preexec_fn`) pass through."""
+    argv = cli_argv(*args, python=python, prefix=prefix)
+    done = subprocess.run(argv, input=input, stdout=stdout, stderr=stderr, text=True, timeout=timeout,
+                          env=cli_env(env, base=base_env, columns=columns), cwd=cwd, check=False, **popen)
+    return CliResult(done.args, done.returncode, done.stdout, done.stderr)
+
+
+def start_cli(*args: PathLike, python: PathLike | None = None, env: Mapping[str, str] | None = None,
+              base_env: Mapping[str, str] | None = None, columns: int | str | None = None,
+              cwd: PathLike | None = None, prefix: Sequence[PathLike] = (), text: bool = True,
+              **popen: Any) -> subprocess.Popen[Any]:
+    """Start `mlstack-ds ARGS` and return it running (stdout and stderr piped unless `popen` says
+    otherwise; other Popen arguments pass through). The caller waits for it, or kills it."""
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(cli_argv(*args, python=python, prefix=prefix), text=text,
+                            env=cli_env(env, base=base_env, columns=columns),
+                            cwd=Path(cwd) if cwd is not None else None, **popen)
