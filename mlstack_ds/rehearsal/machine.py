@@ -15,6 +15,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,6 +31,14 @@ HOST_VARIABLES = ("PYTORCH_ROCM_ARCH", "DS_ROCM_WAVEFRONT_SIZE", "ROCM_PATH", "R
                   "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION",
                   "CC", "CXX", "LDSHARED", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "PYTHONPATH",
                   "MAX_JOBS", "CCACHE_DIR", "DS_BUILD_OPS", "DS_ACCELERATOR")
+# ... and whole families of them: DeepSpeed's build and run switches, the ROCm runtime's, torch's JIT cache.
+HOST_PREFIXES = ("DS_", "HSA_", "HIP_", "PYTORCH_ROCM", "TORCH_EXTENSIONS")
+
+
+def without_host_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less the real machine's ROCm, GPU, compiler and DeepSpeed settings, so that a fake host (a
+    rehearsal's, or a test's) answers for itself; the tests' fake machines use the same list."""
+    return {k: v for k, v in environ.items() if k not in HOST_VARIABLES and not k.startswith(HOST_PREFIXES)}
 
 RocmLayout = Literal["opt", "distro"]
 
@@ -82,7 +91,7 @@ def make_fake_host(root: Path, *, rocminfo: str, rocminfo_exit: int, rocm_versio
     _write_exe(bin_dir / "rocminfo",
                f"#!/bin/sh\n/bin/cat {shlex.quote(str(root / 'rocminfo.out'))}\nexit {int(rocminfo_exit)}\n")
     shutil.copy(TORCH_SHIM, shim / "sitecustomize.py")
-    kept = {k: v for k, v in base_environ.items() if k not in HOST_VARIABLES and not k.startswith("DS_BUILD_")}
+    kept = without_host_variables(base_environ)
     environ = {
         **kept,
         "PATH": os.pathsep.join([str(bin_dir), str(rocm_root / "bin"), base_environ.get("PATH", "")]),

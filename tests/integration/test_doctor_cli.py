@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import CliResult, run_cli
+from support.fakemachine import FakeMachine
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REAL = FIXTURES / "real"
@@ -23,42 +24,29 @@ MASK_ERROR = FIXTURES / "doctor-logs" / "mask-64bit_ds-7565.txt"
 EXIT_ENVIRONMENT = 3
 
 
-def write(path: Path, text: str = "", mode: int = 0o644) -> Path:
+def write(path: Path, text: str = "") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    path.chmod(mode)
     return path
 
 
-class FakeMachine:
+class DoctorMachine:
+    """The tests' fake machine (support.fakemachine) as doctor sees it: ROCm 6.2.2 with a hipcc, rocminfo
+    replaying `capture`, a /dev, /proc, /sys root, and a JIT cache of its own (never the user's)."""
+
     def __init__(self, tmp: Path, capture: Path | None, kfd_targets: tuple[int, ...] = ()) -> None:
-        self.bin = tmp / "bin"
-        self.bin.mkdir()
+        self.fake = FakeMachine(tmp)
         if capture is not None:
-            write(self.bin / "rocminfo", f"#!/bin/sh\nexec /bin/cat '{capture}'\n", 0o755)
-        self.rocm = tmp / "rocm"
-        write(self.rocm / ".info" / "version", "6.2.2-116\n")
-        write(self.rocm / "bin" / "hipcc", "#!/bin/sh\nexit 0\n", 0o755)
-        self.extensions = tmp / "torch_extensions"  # never the user's real JIT cache
-        self.root = tmp / "root"
-        (self.root / "dev" / "shm").mkdir(parents=True)
-        write(self.root / "proc" / "cmdline", "BOOT_IMAGE=/vmlinuz ro quiet\n")
-        write(self.root / "usr" / "include" / "libaio.h")
-        if capture is not None:
-            write(self.root / "dev" / "kfd")
-            write(self.root / "sys" / "class" / "iommu" / "ivhd0" / "name", "ivhd0")
-        nodes = self.root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes"
-        for number, target in enumerate(kfd_targets, start=1):
-            write(nodes / str(number) / "properties", f"gfx_target_version {target}\n")
+            self.fake.tool("rocminfo", capture)
+        self.rocm = self.fake.rocm_root({".info/version": "6.2.2-116\n"})
+        self.fake.executable("rocm/bin/hipcc")
+        self.extensions = tmp / "torch_extensions"
+        self.fake.extra_env["TORCH_EXTENSIONS_DIR"] = str(self.extensions)
+        self.root = self.fake.sys_root(gpu=capture is not None, kfd_targets=kfd_targets)
 
     def run(self, *args: str, stdin: str | None = None, **env: str) -> CliResult:
-        environ = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("HSA_", "DS_", "PYTORCH_ROCM", "HIP_", "ROCM_HOME", "TORCH_EXTENSIONS"))}
-        environ.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", ROCM_PATH=str(self.rocm),
-                       TORCH_EXTENSIONS_DIR=str(self.extensions))
-        environ.update(env)
-        return run_cli("doctor", "--python", sys.executable, "--sys-root", self.root, *args, base_env=environ,
-                       timeout=300, input=stdin)
+        return run_cli("doctor", "--python", sys.executable, "--sys-root", self.root, *args,
+                       base_env={**self.fake.host_environ(), **env}, timeout=300, input=stdin)
 
 
 def findings(result: CliResult) -> dict[str, dict]:
@@ -67,7 +55,7 @@ def findings(result: CliResult) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def rx7900_json(tmp_path_factory: pytest.TempPathFactory) -> CliResult:
-    machine = FakeMachine(tmp_path_factory.mktemp("rx7900"), RX7900, kfd_targets=(110000,))
+    machine = DoctorMachine(tmp_path_factory.mktemp("rx7900"), RX7900, kfd_targets=(110000,))
     return machine.run("--json")
 
 
@@ -87,7 +75,7 @@ def test_cpu_torch_on_an_rx7900_is_an_error(rx7900_json: CliResult) -> None:
 
 
 def test_table_output_and_exit_code(tmp_path: Path) -> None:
-    result = FakeMachine(tmp_path, RX7900, kfd_targets=(110000,)).run()
+    result = DoctorMachine(tmp_path, RX7900, kfd_targets=(110000,)).run()
     assert result.returncode == EXIT_ENVIRONMENT
     assert "MLS-TORCH-003" in result.stdout
     assert "CPU-only PyTorch" in result.stdout
@@ -97,7 +85,7 @@ def test_table_output_and_exit_code(tmp_path: Path) -> None:
 def test_forgotten_override_on_mi210s(tmp_path: Path) -> None:
     """ROCm/legacy-rocm-build#5238: HSA_OVERRIDE_GFX_VERSION=10.3.0 left set on MI210s
     (KFD still reports gfx90a)."""
-    machine = FakeMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
+    machine = DoctorMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
     result = machine.run("--json", HSA_OVERRIDE_GFX_VERSION="10.3.0", DS_ACCELERATOR="rocm")
     assert result.returncode == EXIT_ENVIRONMENT
     found = findings(result)
@@ -108,7 +96,7 @@ def test_forgotten_override_on_mi210s(tmp_path: Path) -> None:
 
 
 def test_no_gpu_machine_with_a_log_and_a_report(tmp_path: Path) -> None:
-    machine = FakeMachine(tmp_path, None)
+    machine = DoctorMachine(tmp_path, None)
     result = machine.run("--report", "--log", str(LUMI_DS_REPORT))
     assert result.returncode == 0, result.stdout + result.stderr
     report = result.stdout
@@ -120,7 +108,7 @@ def test_no_gpu_machine_with_a_log_and_a_report(tmp_path: Path) -> None:
 
 
 def test_an_error_in_the_log_sets_the_exit_code(tmp_path: Path) -> None:
-    result = FakeMachine(tmp_path, None).run("--json", "--log", str(MASK_ERROR))
+    result = DoctorMachine(tmp_path, None).run("--json", "--log", str(MASK_ERROR))
     assert result.returncode == EXIT_ENVIRONMENT
     finding = findings(result)["MLS-LOG-001"]
     assert finding["origin"] == "log"
@@ -128,7 +116,7 @@ def test_an_error_in_the_log_sets_the_exit_code(tmp_path: Path) -> None:
 
 
 def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    machine = FakeMachine(tmp_path, None)
+    machine = DoctorMachine(tmp_path, None)
     missing = machine.run("--log", str(tmp_path / "absent.log"))
     assert missing.returncode == 2
     assert "error: --log" in missing.stderr and "Traceback" not in missing.stderr
@@ -138,7 +126,7 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_missing_libaio_is_an_error_only_when_the_config_offloads_to_nvme(tmp_path: Path) -> None:
-    machine = FakeMachine(tmp_path, None)
+    machine = DoctorMachine(tmp_path, None)
     (machine.root / "usr" / "include" / "libaio.h").unlink()
     config = write(tmp_path / "ds_config.json",
                    json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}))
@@ -148,7 +136,7 @@ def test_missing_libaio_is_an_error_only_when_the_config_offloads_to_nvme(tmp_pa
 
 
 def test_log_from_stdin(tmp_path: Path) -> None:
-    result = FakeMachine(tmp_path, None).run("--json", "--log", "-", stdin=MASK_ERROR.read_text())
+    result = DoctorMachine(tmp_path, None).run("--json", "--log", "-", stdin=MASK_ERROR.read_text())
     assert result.returncode == EXIT_ENVIRONMENT, result.stderr
     assert findings(result)["MLS-LOG-001"]["evidence"].startswith("log line 1: ")
 
@@ -164,7 +152,7 @@ def test_log_from_a_fifo(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=writer)
     thread.start()
-    result = FakeMachine(tmp_path, None).run("--json", "--log", str(fifo))
+    result = DoctorMachine(tmp_path, None).run("--json", "--log", str(fifo))
     thread.join(timeout=60)
     assert result.returncode == EXIT_ENVIRONMENT, result.stderr
     assert findings(result)["MLS-LOG-001"]["evidence"].startswith("log line 1001: ")
@@ -173,7 +161,7 @@ def test_log_from_a_fifo(tmp_path: Path) -> None:
 def test_binary_log_and_directory_as_log(tmp_path: Path) -> None:
     binary = tmp_path / "core.bin"
     binary.write_bytes(bytes(range(256)) * 1000)
-    machine = FakeMachine(tmp_path, None)
+    machine = DoctorMachine(tmp_path, None)
     result = machine.run("--json", "--log", str(binary))
     assert result.returncode == 0, result.stderr
     assert not [f for f in findings(result).values() if f["origin"] == "log"]
@@ -185,7 +173,7 @@ def test_binary_log_and_directory_as_log(tmp_path: Path) -> None:
 
 def test_stale_jit_lock_found_and_its_fix_works(tmp_path: Path) -> None:
     """The issue's hour of confusion: a killed JIT build left cpu_adam/lock; nothing owns it."""
-    machine = FakeMachine(tmp_path, RX7900, kfd_targets=(110000,))
+    machine = DoctorMachine(tmp_path, RX7900, kfd_targets=(110000,))
     lock = machine.extensions / "cpu_adam" / "lock"
     write(lock)
     finding = findings(machine.run("--json"))["MLS-BUILD-006"]
@@ -199,7 +187,7 @@ def test_stale_jit_lock_found_and_its_fix_works(tmp_path: Path) -> None:
 def test_leaked_deepspeed_shm_segment_found_and_one_in_use_left_alone(tmp_path: Path) -> None:
     """Named and sized as a real 2-rank run left them (fixtures/doctor-shm). The fake root's proc has no
     processes, so only the kernel (a write lease) can tell that a live process maps rank 1's segment."""
-    machine = FakeMachine(tmp_path, None)
+    machine = DoctorMachine(tmp_path, None)
     shm = machine.root / "dev" / "shm"
     leaked, in_use = (shm / f"deepspeed_allreduce_buffer_0_127.0.0.1_29517_{rank}" for rank in (0, 1))
     for path in (leaked, in_use):
@@ -223,7 +211,7 @@ def test_leaked_deepspeed_shm_segment_found_and_one_in_use_left_alone(tmp_path: 
 
 
 def test_environment_variables_deepspeed_and_torch_cannot_use(tmp_path: Path) -> None:
-    machine = FakeMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
+    machine = DoctorMachine(tmp_path, MI210X4, kfd_targets=(90010,) * 4)
     result = machine.run("--json", DS_ACCELERATOR="hip", DS_BUILD_OPS="1", PYTORCH_ROCM_ARCH="gfx90a;gfx1100",
                          HIP_VISIBLE_DEVICES="-1", ROCM_HOME=str(tmp_path / "no-rocm"))
     assert result.returncode == EXIT_ENVIRONMENT
@@ -237,7 +225,7 @@ def test_environment_variables_deepspeed_and_torch_cannot_use(tmp_path: Path) ->
 
 def test_ds_config_read_like_deepspeed(tmp_path: Path) -> None:
     """hjson (comments, trailing commas) is accepted, a JSON array is a usage error with a hint."""
-    machine = FakeMachine(tmp_path, None)
+    machine = DoctorMachine(tmp_path, None)
     (machine.root / "usr" / "include" / "libaio.h").unlink()
     config = write(tmp_path / "ds_config.json",
                    '{\n  // ZeRO-Infinity\n'
@@ -267,6 +255,6 @@ def test_hostfile_deepspeed_would_reject_is_exit_2_before_any_ssh(tmp_path: Path
 
 def test_hostfile_with_an_option_about_this_machine_is_exit_2(tmp_path: Path) -> None:
     hostfile = write(tmp_path / "hostfile", "node1 slots=1\n")
-    result = FakeMachine(tmp_path, None).run("--hostfile", str(hostfile), "--log", str(hostfile))
+    result = DoctorMachine(tmp_path, None).run("--hostfile", str(hostfile), "--log", str(hostfile))
     assert result.returncode == 2
     assert "error: --hostfile checks the nodes over ssh; --log is about this machine" in result.stderr

@@ -12,18 +12,17 @@ from typing import Any
 
 import pytest
 
+from mlstack_ds.rehearsal.machine import without_host_variables
 from mlstack_ds.runner import RunResult, run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "patches" / "fixtures"
-# ROCm settings of the machine running the tests must not leak into a test's fake machine.
-HOST_ROCM_VARIABLES = {"PYTORCH_ROCM_ARCH", "DS_ROCM_WAVEFRONT_SIZE", "ROCM_PATH", "ROCM_HOME",
-                       "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
 
 
 def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | None = None,
                        path_prepend: Sequence[Path] = (), timeout: float = 300) -> RunResult:
     """Run the test interpreter with `args`, importing DeepSpeed from `tree`, on the CPU accelerator."""
-    child_env = {k: v for k, v in os.environ.items() if k not in HOST_ROCM_VARIABLES}
+    # ROCm settings of the machine running the tests must not leak into a test's fake machine.
+    child_env = without_host_variables(os.environ)
     child_env.update({
         "PYTHONPATH": str(tree),
         "PYTHONDONTWRITEBYTECODE": "1",

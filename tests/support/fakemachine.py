@@ -1,7 +1,10 @@
-"""A fake AMD machine for tests: executables on PATH that replay real captured tool outputs.
+"""The one fake AMD machine of the tests: executables on PATH that replay real captured tool outputs, a ROCm
+root, and for doctor a fake /dev, /proc, /sys root (`--sys-root`).
 
 Only the hardware is fake: the CLI runs as a real subprocess, finds the tools on PATH, runs them and
 parses what they print. Scripts use absolute paths (/bin/cat, /bin/sleep) so PATH can hold only them.
+The real machine's ROCm and GPU settings are left out by the rehearsal's own list
+(`without_host_variables`), so the fake host answers for itself here as it does in a rehearsal.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mlstack_ds.rehearsal.machine import without_host_variables
 
 from .cli import CliResult, run_cli
 
@@ -65,6 +70,35 @@ class FakeMachine:
             target.write_text(content)
         self.extra_env["ROCM_PATH"] = str(root)
         return root
+
+    def executable(self, relative: str, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+        """An executable file under the machine's root (e.g. `rocm/bin/hipcc`)."""
+        path = self.root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+        return path
+
+    def sys_root(self, *, gpu: bool = True, kfd_targets: tuple[int, ...] = ()) -> Path:
+        """A /dev, /proc, /sys tree for `doctor --sys-root`: /dev/shm, a boot command line, libaio's header, and
+        with `gpu` the /dev/kfd device, an IOMMU and one KFD topology node per `gfx_target_version`."""
+        root = self.root / "root"
+        files = {"proc/cmdline": "BOOT_IMAGE=/vmlinuz ro quiet\n", "usr/include/libaio.h": ""}
+        if gpu:
+            files.update({"dev/kfd": "", "sys/class/iommu/ivhd0/name": "ivhd0"})
+        files.update({f"sys/class/kfd/kfd/topology/nodes/{n}/properties": f"gfx_target_version {target}\n"
+                      for n, target in enumerate(kfd_targets, start=1)})
+        (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)
+        for relative, content in files.items():
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_text(content)
+        return root
+
+    def host_environ(self) -> dict[str, str]:
+        """The real machine's environment (its PATH after the fake tools) less its ROCm and GPU settings: for
+        commands that need the real system's tools beside the fake ones (doctor)."""
+        return {**without_host_variables(os.environ), "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+                **self.extra_env}
 
     def environ(self) -> dict[str, str]:
         """A clean environment: PATH holds only the fake tools, no ROCm/GPU variables leak in."""
