@@ -66,8 +66,8 @@ if [[ $with_torch == cpu ]]; then
   if [[ -n $existing_torch ]]; then
     echo "==> a CPU PyTorch is already installed: ${existing_torch#* }" >&2
   else
-    # The repository's one torch pin (tests/support/requirements/torch.txt), its CPU build.
-    torch_cpu="$(grep -v '^#' "$repo/tests/support/requirements/torch.txt")+cpu"
+    # The repository's one torch pin (requirements/torch.txt), its CPU build.
+    torch_cpu="$(grep -v '^#' "$repo/requirements/torch.txt")+cpu"
     echo "==> installing PyTorch (CPU build, $torch_cpu)" >&2
     "$venv/bin/python" -m pip install --quiet "$torch_cpu"
   fi

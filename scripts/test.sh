@@ -13,7 +13,7 @@ APT_PACKAGES=(git hipcc rocminfo build-essential ninja-build ccache python3-dev 
               openssh-server openssh-client pdsh iproute2 procps util-linux)
 # The torch pin and DeepSpeed 0.19.5's runtime requirements (the patch tests run DeepSpeed straight from a
 # source tree in this venv): pip requirement files, the one place they are spelled (tests/support/pins.py).
-PINS=tests/support/requirements
+PINS=requirements
 TORCH_SPEC=${MLSTACK_TEST_TORCH:-$(grep -v '^#' "$PINS/torch.txt")}
 
 missing_apt=()

@@ -1,4 +1,4 @@
-"""The torch pin and DeepSpeed's runtime requirements, as tests/support/requirements/*.txt spell them (pip
+"""The torch pin and DeepSpeed's runtime requirements, as requirements/*.txt spell them (pip
 requirement files, which scripts/test.sh hands to pip before any venv exists; everything in Python reads
 them here)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REQUIREMENTS = Path(__file__).resolve().parent / "requirements"
+REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
 TORCH_REQUIREMENTS = REQUIREMENTS / "torch.txt"
 DEEPSPEED_RUNTIME_REQUIREMENTS = REQUIREMENTS / "deepspeed-runtime.txt"
 
