@@ -298,7 +298,7 @@ RULES: tuple[Rule, ...] = (
         fix=("export GLOO_SOCKET_IFNAME=<interface on the nodes' network>" + ENV_FILE_NOTE,
              "or on that node: echo '<its address> <its hostname>' >> /etc/hosts"),
         source="measured here: verify --hostfile on two network-namespace nodes that kept this machine's hostname "
-        "(tests/two_hosts.py own_hostnames=False), and a bare two-rank gloo all_reduce there "
+        "(tests/support/two_hosts.py own_hostnames=False), and a bare two-rank gloo all_reduce there "
         "(tests/fixtures/doctor-logs/SOURCES.md), which GLOO_SOCKET_IFNAME=<the shared interface> fixes; the "
         "same all_reduce with `127.0.1.1 <hostname>` first in the hosts file fails towards 127.0.1.1; "
         "torch ProcessGroupGloo createDefaultDevice (hostname, else loopback)",
