@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import sys
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -65,9 +65,8 @@ def build_app() -> typer.Typer:
 
     @app.callback()
     def _root(
-        version: bool = typer.Option(
-            False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
-        ),
+        version: Annotated[bool, typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")] = False,
     ) -> None:
         """Root options."""
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from mlstack_ds.bench.config import checked_base_config
 from mlstack_ds.bench.plot import require_plotting, write_plot
 from mlstack_ds.bench.reference import Machine
 from mlstack_ds.bench.report import build_report, render
@@ -17,7 +18,6 @@ from mlstack_ds.bench.spec import (
     DEFAULT_STAGES,
     GUIDE_SEQ_LEN,
     MODELS,
-    TINY,
     BenchSpec,
     parse_model,
     parse_stages,
@@ -25,14 +25,19 @@ from mlstack_ds.bench.spec import (
     positive,
     positive_seconds,
 )
-from mlstack_ds.cli.options import JsonOption, PythonOption
+from mlstack_ds.cli.options import (
+    BenchConfigOption,
+    BenchHostfileOption,
+    BenchSeqLenOption,
+    BenchTimeoutOption,
+    JsonOption,
+    MicroBatchOption,
+    PythonOption,
+    WorldSizesOption,
+)
 from mlstack_ds.config.hardware import detect_gpus
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.console import make_output
-from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.dsconfig.check import has_auto, refuse_if_rejected
-from mlstack_ds.dsconfig.read import read_ds_config
-from mlstack_ds.dsconfig.target import validate_in_target
 from mlstack_ds.errors import BenchFailed, UsageError
 
 BENCH_HELP = (
@@ -45,23 +50,6 @@ BENCH_HELP = (
 )
 
 
-def checked_base_config(path: Path, python: Path, micro_batch: int, stages: str) -> dict[str, Any]:
-    """The user's config as DeepSpeed reads it, with what bench sets itself (the micro-batch; the batch
-    size follows from it), judged by DeepSpeed's parser in the target at the first ZeRO stage asked for."""
-    config = read_ds_config(path, python, option="--config")
-    if has_auto(config):
-        raise UsageError(f"--config {path}: has \"auto\" values, which only the Hugging Face Trainer fills",
-                         hint="bench runs DeepSpeed without the Trainer: write the values (`mlstack-ds config` "
-                         "without --hf)")
-    config.pop("train_batch_size", None)
-    config["train_micro_batch_size_per_gpu"] = positive("--micro-batch", micro_batch)
-    zero_stages = [s for s in parse_stages(stages) if s != "ddp"]
-    judged = {**config, "zero_optimization": {**config.get("zero_optimization", {}),
-                                              "stage": int(zero_stages[0]) if zero_stages else 0}}
-    refuse_if_rejected(validate_in_target(python, judged, hidden=TINY.hidden), path)
-    return config
-
-
 def register(app: typer.Typer) -> None:
     @app.command("bench", help=BENCH_HELP)
     def bench_command(
@@ -69,24 +57,13 @@ def register(app: typer.Typer) -> None:
         stages: Annotated[str, typer.Option(
             "--stages", help="Comma-separated: ddp (plain DistributedDataParallel) and ZeRO stages 0-3.")]
         = ",".join(DEFAULT_STAGES),
-        world_size: Annotated[str | None, typer.Option(
-            "--world-size", metavar="N[,N...]",
-            help="Ranks per run; several (1,2) measure scaling. Default: the GPU count, 2 on CPU.")] = None,
-        hostfile: Annotated[Path | None, typer.Option(
-            "--hostfile", metavar="FILE",
-            help="Multi-node: run through DeepSpeed's launcher on this DeepSpeed hostfile's nodes, as `verify "
-            "--hostfile` does (docs/multinode.md).")] = None,
+        world_size: WorldSizesOption = None,
+        hostfile: BenchHostfileOption = None,
         steps: Annotated[int, typer.Option("--steps", help="Timed steps per stage.")] = 10,
         warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps before them.")] = 2,
-        micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per rank and step.")] = 2,
-        seq_len: Annotated[int | None, typer.Option(
-            "--seq-len", help=f"Tokens per sequence (default: {DEFAULT_SEQ_LEN['tiny']} for tiny, "
-            f"{GUIDE_SEQ_LEN} for the others).")] = None,
-        config: Annotated[Path | None, typer.Option(
-            "--config", metavar="FILE",
-            help="Your DeepSpeed config as the base of the ZeRO runs (buckets, offload, precision as given; "
-            "the stage and micro-batch come from --stages and --micro-batch). Checked by DeepSpeed first.")]
-        = None,
+        micro_batch: MicroBatchOption = 2,
+        seq_len: BenchSeqLenOption = None,
+        config: BenchConfigOption = None,
         precision: Annotated[str, typer.Option(
             "--precision", help="auto (fp32 on CPU; bf16 where the GPU has it, else fp16), fp32, bf16, fp16.")]
         = "auto",
@@ -94,8 +71,7 @@ def register(app: typer.Typer) -> None:
             "--memory-cap", metavar="SIZE",
             help="Memory each rank may use for the model and its training (e.g. 8GiB); beyond it the stage is "
             "OOM. Plans a smaller card on a larger one.")] = None,
-        timeout: Annotated[float, typer.Option("--timeout", help="Seconds per stage; on expiry it is killed.")]
-        = 600.0,
+        timeout: BenchTimeoutOption = 600.0,
         plot: Annotated[Path | None, typer.Option(
             "--plot", metavar="FILE.png", help="Also draw throughput, memory and scaling (needs mlstack-ds[plot]).")]
         = None,
@@ -111,10 +87,9 @@ def register(app: typer.Typer) -> None:
                              hint="the hostfile's slots=N entries decide how many ranks run on each node")
         if plot is not None:
             require_plotting(plot)
-        target = resolve_python(python)
         config_json = None
         if config is not None:
-            config_json = json.dumps(checked_base_config(config, target, micro_batch, stages))
+            config_json = json.dumps(checked_base_config(config, python, micro_batch, stages))
         spec = BenchSpec(
             model=chosen, stages=parse_stages(stages), world_sizes=parse_world_sizes(world_size),
             steps=positive("--steps", steps), warmup=positive("--warmup", warmup, zero_ok=True),
@@ -124,11 +99,11 @@ def register(app: typer.Typer) -> None:
             precision=precision, config=config, config_json=config_json,
             memory_cap=parse_size("--memory-cap", memory_cap) if memory_cap is not None else 0,
             hostfile=hostfile, timeout_s=positive_seconds("--timeout", timeout))
-        runs, platform = run_bench(spec, target, status=output.status)
+        runs, platform = run_bench(spec, python, status=output.status)
         gpus = detect_gpus() if platform == "gpu" else []
         vram = min((g.vram_bytes for g in gpus if g.vram_bytes), default=None)
         machine = Machine(platform, gpus[0].arch if gpus else None, vram / 2**30 if vram else None)
-        report = build_report(spec, runs, str(target), machine)
+        report = build_report(spec, runs, str(python), machine)
         if plot is not None:
             write_plot(report, plot)
             output.status(f"plot: {plot}")

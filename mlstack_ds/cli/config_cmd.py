@@ -11,14 +11,13 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from mlstack_ds.cli.options import JsonOption, PythonOption
+from mlstack_ds.cli.options import ConfigOutOption, JsonOption, MicroBatchOption, PythonOption, SeqLenOption
 from mlstack_ds.config.hardware import Hardware, detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
 from mlstack_ds.config.planner import plan_config
 from mlstack_ds.config.rules import Plan
 from mlstack_ds.config.sizes import gib, parse_size
 from mlstack_ds.console import Output, make_output
-from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import ConfigDoesNotFit, UsageError
 
 CONFIG_HELP = (
@@ -57,8 +56,8 @@ def register(app: typer.Typer) -> None:
         gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node (default: the detected ones).")]
         = None,
         nodes: Annotated[int, typer.Option("--nodes", help="Nodes.")] = 1,
-        micro_batch: Annotated[int, typer.Option("--micro-batch", help="Micro-batch per GPU.")] = 1,
-        seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length, tokens.")] = 2048,
+        micro_batch: MicroBatchOption = 1,
+        seq_len: SeqLenOption = 2048,
         vram: Annotated[str | None, typer.Option(
             "--vram", metavar="SIZE", help="Memory per GPU, e.g. 24GiB or 16GB (default: detected).")] = None,
         ram: Annotated[str | None, typer.Option(
@@ -69,8 +68,7 @@ def register(app: typer.Typer) -> None:
         layers: Annotated[int | None, typer.Option("--layers", help="Transformer layers.")] = None,
         hf: Annotated[bool, typer.Option(
             "--hf", help="For the Hugging Face Trainer: \"auto\" where the Trainer fills the value.")] = False,
-        out: Annotated[Path | None, typer.Option(
-            "--out", metavar="FILE", help="Write the config here (default: stdout).")] = None,
+        out: ConfigOutOption = None,
         explain: Annotated[bool, typer.Option("--explain", help="Print every choice with its reason (stderr).")]
         = False,
         json_output: JsonOption = False,
@@ -83,9 +81,8 @@ def register(app: typer.Typer) -> None:
         vram_bytes = parse_size("--vram", vram) if vram is not None else None
         ram_bytes = parse_size("--ram", ram) if ram is not None else None
         hardware = plan_hardware(detect_gpus(), gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)
-        target = resolve_python(python)
-        output.status(f"asking DeepSpeed in {escape(str(target))} for its estimates and its verdict ...")
-        planned = plan_config(shape, hardware, target, micro_batch=micro_batch, seq_len=seq_len, hf=hf,
+        output.status(f"asking DeepSpeed in {escape(str(python))} for its estimates and its verdict ...")
+        planned = plan_config(shape, hardware, python, micro_batch=micro_batch, seq_len=seq_len, hf=hf,
                               on_refusal=lambda refusal: _explain_refusal(output, refusal) if explain else None)
         plan, answer, checked = planned.plan, planned.answer, planned.validation
         if explain:

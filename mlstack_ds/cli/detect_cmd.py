@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.markup import escape
 
@@ -15,9 +17,9 @@ def register(app: typer.Typer) -> None:
     def detect_command(
         json_output: JsonOption = False,
         python: PythonOption = None,
-        tool_timeout: float = typer.Option(
-            30.0, "--tool-timeout", min=0.1, help="Seconds each ROCm/NVIDIA tool may take before it counts as hung."
-        ),
+        tool_timeout: Annotated[float, typer.Option(
+            "--tool-timeout", min=0.1, help="Seconds each ROCm/NVIDIA tool may take before it counts as hung.")]
+        = 30.0,
     ) -> None:
         """Report the platform (rocm/cuda/cpu), ROCm version, GPU targets, PyTorch build and environment.
 

@@ -9,10 +9,9 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from mlstack_ds.cli.options import JsonOption, PythonOption, RecipeOption
+from mlstack_ds.cli.options import DoctorConfigOption, DoctorHostfileOption, JsonOption, PythonOption, RecipeOption
 from mlstack_ds.cluster.hostfile import hostfile_world_size, parse_hostfile
 from mlstack_ds.console import Output, make_output, print_records
-from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.doctor import diagnose
 from mlstack_ds.doctor.cluster import diagnose_cluster
 from mlstack_ds.doctor.logs import match_log_stream
@@ -28,18 +27,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 LogOption = Annotated[
     Path | None, typer.Option("--log", help="Also match this build/run log or ds_report output (- reads stdin).")
 ]
-DsConfigOption = Annotated[
-    Path | None,
-    typer.Option("--ds-config", help="DeepSpeed config (read with hjson, as DeepSpeed does): rates libaio by "
-                 "NVMe offload."),
-]
 ReportOption = Annotated[bool, typer.Option("--report", help="Print a Markdown block for a bug report.")]
-HostfileOption = Annotated[
-    Path | None,
-    typer.Option("--hostfile", help="Check every node of this DeepSpeed hostfile over ssh (reachable, the "
-                 "--python interpreter, torch/DeepSpeed/ROCm versions, GPU targets, hostname and interfaces) "
-                 "and what differs between them."),
-]
 SysRootOption = Annotated[
     Path, typer.Option("--sys-root", hidden=True, help="Read /dev, /proc, /sys below this directory.")
 ]
@@ -84,10 +72,10 @@ def register(app: typer.Typer) -> None:
         json_output: JsonOption = False,
         log: LogOption = None,
         report: ReportOption = False,
-        ds_config: DsConfigOption = None,
+        ds_config: DoctorConfigOption = None,
         sys_root: SysRootOption = Path("/"),
         recipe: RecipeOption = DEFAULT_RECIPE,
-        hostfile: HostfileOption = None,
+        hostfile: DoctorHostfileOption = None,
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
@@ -112,7 +100,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(int(ExitCode.ENVIRONMENT))
 
 
-def _doctor_hostfile(hostfile: Path, python: Path | None, json_output: bool, others: dict[str, object]) -> None:
+def _doctor_hostfile(hostfile: Path, python: Path, json_output: bool, others: dict[str, object]) -> None:
     """`doctor --hostfile`: the nodes, not this machine; the options about this machine do not apply."""
     clash = [name for name, value in others.items() if value is not None]
     if clash:
@@ -121,7 +109,7 @@ def _doctor_hostfile(hostfile: Path, python: Path | None, json_output: bool, oth
     hosts = parse_hostfile(hostfile)
     hostfile_world_size(hostfile, hosts)
     output = make_output(json_output)
-    diagnosis = diagnose_cluster(hostfile, hosts, python or resolve_python(None), status=output.status)
+    diagnosis = diagnose_cluster(hostfile, hosts, python, status=output.status)
     if json_output:
         output.emit_json(diagnosis.to_dict())
     else:

@@ -9,7 +9,16 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from mlstack_ds.cli.options import DEFAULT_SOURCE, JsonOption, RecipeOption, SourceOption
+from mlstack_ds.cli.options import (
+    DEFAULT_SOURCE,
+    CacheDirOption,
+    GitCommitOption,
+    GitUrlOption,
+    JsonOption,
+    RecipeOption,
+    Sha256Option,
+    SourceOption,
+)
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
@@ -27,18 +36,10 @@ def register(app: typer.Typer) -> None:
         dest: Annotated[Path | None, typer.Option(
             "--dest", help="Where the tree goes (default ./deepspeed-VERSION); must not exist or be empty."
         )] = None,
-        cache_dir: Annotated[Path | None, typer.Option(
-            "--cache-dir", help="Download/clone cache (default $XDG_CACHE_HOME/mlstack-ds)."
-        )] = None,
-        git_url: Annotated[str | None, typer.Option(
-            "--git-url", help="Clone from this URL or local mirror instead of the recipe's (git only)."
-        )] = None,
-        git_commit: Annotated[str | None, typer.Option(
-            "--git-commit", help="Expect this commit for the tag instead of the pinned one (a mirror)."
-        )] = None,
-        sha256: Annotated[str | None, typer.Option(
-            "--sha256", help="Expected sha256 of a URL/PATH archive that is not the pinned sdist."
-        )] = None,
+        cache_dir: CacheDirOption = None,
+        git_url: GitUrlOption = None,
+        git_commit: GitCommitOption = None,
+        sha256: Sha256Option = None,
         recipe_name: RecipeOption = DEFAULT_RECIPE,
         json_output: JsonOption = False,
     ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -21,19 +22,20 @@ from mlstack_ds.cli.options import (
     DryRunOption,
     GitCommitOption,
     GitUrlOption,
+    InstallHostfileOption,
     JobsOption,
     JsonOption,
     NoPatchesOption,
     PythonOption,
+    RebuildOption,
     RecipeOption,
     Sha256Option,
     SourceOption,
 )
 from mlstack_ds.console import Cell, Output, make_output, print_records
-from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
 from mlstack_ds.install.nodes import run_hostfile_install
-from mlstack_ds.install.pipeline import InstallRequest, prepare, run_build, run_install
+from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build, run_install
 from mlstack_ds.install.wheel import rollback, uninstall
 from mlstack_ds.installed.health import check_health, probe_installed
 from mlstack_ds.installed.receipt import read_receipt, receipt_path
@@ -56,201 +58,211 @@ def build_interrupt_says_nothing_changed() -> Iterator[None]:
         ) from exc
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("install")
-    def install_command(
-        recipe: RecipeOption = DEFAULT_RECIPE,
-        source: SourceOption = DEFAULT_SOURCE,
-        git_url: GitUrlOption = None,
-        git_commit: GitCommitOption = None,
-        sha256: Sha256Option = None,
-        arch: ArchOption = None,
-        python: PythonOption = None,
-        jobs: JobsOption = None,
-        cache_dir: CacheDirOption = None,
-        no_patches: NoPatchesOption = False,
-        no_verify: bool = typer.Option(False, "--no-verify", help="Skip `mlstack-ds verify` after installing."),
-        dry_run: DryRunOption = False,
-        json_output: JsonOption = False,
-        force: bool = typer.Option(False, "--force", help="Reinstall even if the same plan is installed and healthy."),
-        rebuild: bool = typer.Option(False, "--rebuild", help="Also rebuild the wheel instead of reusing the cache."),
-        hostfile: Path | None = typer.Option(
-            None, "--hostfile", metavar="FILE",
-            help="Multi-node: build once here, install the same wheel on every node of this DeepSpeed hostfile "
-            "(over ssh; mlstack-ds and --python at the same paths everywhere), all or nothing, then verify "
-            "across the nodes."),
-        cached_wheel: str | None = typer.Option(
-            None, "--cached-wheel", hidden=True, metavar="KEY",
-            help="Install the cached wheel of this plan or fail; never build (each node of --hostfile)."),
-    ) -> None:
-        """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
+NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Skip `mlstack-ds verify` after installing.")]
+ForceOption = Annotated[bool, typer.Option(
+    "--force", help="Reinstall even if the same plan is installed and healthy.")]
+CachedWheelOption = Annotated[str | None, typer.Option(
+    "--cached-wheel", hidden=True, metavar="KEY",
+    help="Install the cached wheel of this plan or fail; never build (each node of --hostfile).")]
+WheelDirOption = Annotated[Path | None, typer.Option("--wheel-dir", help="Also copy the wheel into this directory.")]
 
-        Safe to re-run (an identical healthy install is left alone), to interrupt (the environment is
-        only changed once the wheel exists) and to get wrong (refusals say what to fix).
-        """
-        output = make_output(json_output)
-        request = InstallRequest(
-            deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
-            sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
-            verify=not no_verify, force=force, rebuild=rebuild, cached_wheel=cached_wheel,
-        )
-        if hostfile is not None:
-            if cached_wheel is not None:
-                raise UsageError("--cached-wheel is what install --hostfile passes to each node",
-                                 hint="leave it out")
-            install_across(request, hostfile, output, json_output=json_output, dry_run=dry_run)
-            return
-        prepared = prepare(request)
-        plan = prepared.plan
-        if dry_run:
-            if json_output:
-                output.emit_json({"action": "plan", "plan": plan.to_dict()})
-            else:
-                render_plan(plan, output, output.out)  # the plan is what a dry run was asked for: stdout
-            return
-        if not json_output:
-            render_plan(plan, output, output.err)  # here it is progress information
-        with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
-            outcome = run_install(prepared, request, output, progress)
-        report = outcome.verify
-        failure = verify_failure(report, "DeepSpeed was installed",
-                                 f"details: mlstack-ds verify --python {plan.target_python}; "
-                                 "`mlstack-ds rollback` restores the previous DeepSpeed")
+
+def install_command(
+    recipe: RecipeOption = DEFAULT_RECIPE,
+    source: SourceOption = DEFAULT_SOURCE,
+    git_url: GitUrlOption = None,
+    git_commit: GitCommitOption = None,
+    sha256: Sha256Option = None,
+    arch: ArchOption = None,
+    python: PythonOption = None,
+    jobs: JobsOption = None,
+    cache_dir: CacheDirOption = None,
+    no_patches: NoPatchesOption = False,
+    no_verify: NoVerifyOption = False,
+    dry_run: DryRunOption = False,
+    json_output: JsonOption = False,
+    force: ForceOption = False,
+    rebuild: RebuildOption = False,
+    hostfile: InstallHostfileOption = None,
+    cached_wheel: CachedWheelOption = None,
+) -> None:
+    """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
+
+    Safe to re-run (an identical healthy install is left alone), to interrupt (the environment is
+    only changed once the wheel exists) and to get wrong (refusals say what to fix).
+    """
+    output = make_output(json_output)
+    request = InstallRequest(
+        deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
+        sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
+        verify=not no_verify, force=force, rebuild=rebuild, cached_wheel=cached_wheel,
+    )
+    if hostfile is not None:
+        if cached_wheel is not None:
+            raise UsageError("--cached-wheel is what install --hostfile passes to each node", hint="leave it out")
+        install_across(request, hostfile, output, json_output=json_output, dry_run=dry_run)
+        return
+    prepared = _plan_or_dry_run(request, output, json_output=json_output, dry_run=dry_run)
+    if prepared is None:
+        return
+    plan = prepared.plan
+    with _building(output) as progress:
+        outcome = run_install(prepared, request, output, progress)
+    report = outcome.verify
+    failure = verify_failure(report, "DeepSpeed was installed",
+                             f"details: mlstack-ds verify --python {plan.target_python}; "
+                             "`mlstack-ds rollback` restores the previous DeepSpeed")
+    if json_output:
+        output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
+                          "verify": report.to_json() if report else None}, error=failure)
+    elif report is not None:
+        render_report(report, output.out)
+    if failure is not None:
+        raise failure
+    if json_output:
+        return
+    if outcome.action == "up-to-date":
+        output.out.print(f"DeepSpeed {plan.deepspeed_version} is already installed with this plan and healthy; "
+                         "nothing to do (--force reinstalls).")
+    else:
+        output.out.print(f"[green]installed[/] DeepSpeed {outcome.receipt.deepspeed_version} with prebuilt ops: "
+                         + ", ".join(plan.built_ops))
+
+
+def build_command(
+    recipe: RecipeOption = DEFAULT_RECIPE,
+    source: SourceOption = DEFAULT_SOURCE,
+    git_url: GitUrlOption = None,
+    git_commit: GitCommitOption = None,
+    sha256: Sha256Option = None,
+    arch: ArchOption = None,
+    python: PythonOption = None,
+    jobs: JobsOption = None,
+    cache_dir: CacheDirOption = None,
+    wheel_dir: WheelDirOption = None,
+    no_patches: NoPatchesOption = False,
+    dry_run: DryRunOption = False,
+    json_output: JsonOption = False,
+    rebuild: RebuildOption = False,
+) -> None:
+    """Build the DeepSpeed wheel with prebuilt ops and stop: nothing is installed.
+
+    For login nodes, CI and container images, where no GPU is visible: name the targets with `--arch`
+    (or `PYTORCH_ROCM_ARCH`). The wheel lands in the wheel cache (and in `--wheel-dir`); `install` with
+    the same plan on a machine sharing the cache then reuses it.
+    """
+    output = make_output(json_output)
+    request = InstallRequest(
+        deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
+        sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
+        verify=False, rebuild=rebuild,
+    )
+    prepared = _plan_or_dry_run(request, output, json_output=json_output, dry_run=dry_run)
+    if prepared is None:
+        return
+    plan = prepared.plan
+    with _building(output) as progress:
+        outcome = run_build(prepared, request, output, progress, wheel_dir=wheel_dir)
+    built = outcome.built
+    if json_output:
+        output.emit_json({"action": "cached" if built.cached else "built", "plan": plan.to_dict(),
+                          "wheel": str(built.wheel), "sha256": built.sha256,
+                          "copied_to": str(outcome.copied_to) if outcome.copied_to else None,
+                          "seconds": round(built.seconds, 1)})
+        return
+    verb = "reused the cached wheel" if built.cached else f"built in {built.seconds:.0f} s"
+    output.out.print(f"{verb}: {escape(str(built.wheel))}")
+    if outcome.copied_to:
+        output.out.print(f"copied to {escape(str(outcome.copied_to))}")
+    output.out.print(f"sha256 {built.sha256}; ops: {', '.join(plan.built_ops) or 'none'}"
+                     + (f"; targets {', '.join(plan.archs)}" if plan.archs else ""))
+
+
+def _plan_or_dry_run(request: InstallRequest, output: Output, *, json_output: bool, dry_run: bool) -> Prepared | None:
+    """What `install` and `build` do before building: detect and plan, then show the plan. With --dry-run
+    the plan is the answer (stdout) and there is nothing more to do (None); otherwise it is progress
+    information (stderr, not with --json)."""
+    prepared = prepare(request)
+    if dry_run:
         if json_output:
-            output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
-                              "verify": report.to_json() if report else None}, error=failure)
-        elif report is not None:
-            render_report(report, output.out)
-        if failure is not None:
-            raise failure
-        if json_output:
-            return
-        if outcome.action == "up-to-date":
-            output.out.print(f"DeepSpeed {plan.deepspeed_version} is already installed with this plan and healthy; "
-                             "nothing to do (--force reinstalls).")
+            output.emit_json({"action": "plan", "plan": prepared.plan.to_dict()})
         else:
-            output.out.print(f"[green]installed[/] DeepSpeed {outcome.receipt.deepspeed_version} with prebuilt ops: "
-                             + ", ".join(plan.built_ops))
+            render_plan(prepared.plan, output, output.out)
+        return None
+    if not json_output:
+        render_plan(prepared.plan, output, output.err)
+    return prepared
 
-    @app.command("build")
-    def build_command(
-        recipe: RecipeOption = DEFAULT_RECIPE,
-        source: SourceOption = DEFAULT_SOURCE,
-        git_url: GitUrlOption = None,
-        git_commit: GitCommitOption = None,
-        sha256: Sha256Option = None,
-        arch: ArchOption = None,
-        python: PythonOption = None,
-        jobs: JobsOption = None,
-        cache_dir: CacheDirOption = None,
-        wheel_dir: Path | None = typer.Option(None, "--wheel-dir", help="Also copy the wheel into this directory."),
-        no_patches: NoPatchesOption = False,
-        dry_run: DryRunOption = False,
-        json_output: JsonOption = False,
-        rebuild: bool = typer.Option(False, "--rebuild", help="Rebuild the wheel instead of reusing the cache."),
-    ) -> None:
-        """Build the DeepSpeed wheel with prebuilt ops and stop: nothing is installed.
 
-        For login nodes, CI and container images, where no GPU is visible: name the targets with `--arch`
-        (or `PYTORCH_ROCM_ARCH`). The wheel lands in the wheel cache (and in `--wheel-dir`); `install` with
-        the same plan on a machine sharing the cache then reuses it.
-        """
-        output = make_output(json_output)
-        request = InstallRequest(
-            deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
-            sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
-            verify=False, rebuild=rebuild,
-        )
-        prepared = prepare(request)
-        plan = prepared.plan
-        if dry_run:
-            if json_output:
-                output.emit_json({"action": "plan", "plan": plan.to_dict()})
-            else:
-                render_plan(plan, output, output.out)
-            return
-        if not json_output:
-            render_plan(plan, output, output.err)
-        with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
-            outcome = run_build(prepared, request, output, progress, wheel_dir=wheel_dir)
-        built = outcome.built
-        if json_output:
-            output.emit_json({"action": "cached" if built.cached else "built", "plan": plan.to_dict(),
-                              "wheel": str(built.wheel), "sha256": built.sha256,
-                              "copied_to": str(outcome.copied_to) if outcome.copied_to else None,
-                              "seconds": round(built.seconds, 1)})
-            return
-        verb = "reused the cached wheel" if built.cached else f"built in {built.seconds:.0f} s"
-        output.out.print(f"{verb}: {escape(str(built.wheel))}")
-        if outcome.copied_to:
-            output.out.print(f"copied to {escape(str(outcome.copied_to))}")
-        output.out.print(f"sha256 {built.sha256}; ops: {', '.join(plan.built_ops) or 'none'}"
-                         + (f"; targets {', '.join(plan.archs)}" if plan.archs else ""))
+@contextlib.contextmanager
+def _building(output: Output) -> Iterator[BuildProgress]:
+    """The build's live progress line, and the message that an interrupted build changed nothing."""
+    with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
+        yield progress
 
-    @app.command("status")
-    def status_command(
-        python: PythonOption = None,
-        json_output: JsonOption = False,
-    ) -> None:
-        """Show what mlstack-ds installed into an environment (the receipt) and whether it still holds."""
-        output = make_output(json_output)
-        interpreter = str(resolve_python(python))
-        state = probe_installed(interpreter)
-        prefix = state.prefix
-        receipt = read_receipt(prefix)
-        health = check_health(receipt, state) if receipt is not None else None
-        intact = health is not None and health.intact
-        document = {"python": interpreter, "receipt_path": str(receipt_path(prefix)),
-                    "receipt": receipt.to_dict() if receipt else None, "installed": state.__dict__,
-                    "intact": intact, "problems": list(health.problems) if health else [],
-                    "files": health.files.to_dict() if health and health.files else None}
-        if json_output:
-            output.emit_json(document)
-            return
-        if receipt is None:
-            output.out.print(f"no mlstack-ds install in {prefix}"
-                             + (f" (DeepSpeed {state.deepspeed_version} is installed by something else)"
-                                if state.deepspeed_version else ""))
-            return
-        rows: list[tuple[str, Cell]] = [
-            (key, str(getattr(receipt, key))) for key in ("deepspeed_version", "source", "source_commit", "platform",
-                                                          "archs", "ops", "torch_version", "installed_at", "wheel")]
-        rows.append(("patches", [p["name"] for p in receipt.patches] or ["none"]))
-        rows.append(("previous", str(receipt.previous.deepspeed_version or "none")))
-        rows.append(("state", Text("intact", style="green") if intact else Text("changed since install", style="red")))
-        if health is not None and health.files is not None and health.files.ok:
-            rows.append(("files", f"{health.files.checked} match RECORD"))
-        if health is not None and health.problems:
-            rows.append(("problem", list(health.problems)))
-        print_records(output.out, ("", ""), rows, keyed=True)
-        if not intact:
-            output.warn("`mlstack-ds install --force` reinstalls what the receipt describes; "
-                        "`mlstack-ds rollback` restores the previous DeepSpeed")
 
-    @app.command("rollback")
-    def rollback_command(
-        python: PythonOption = None,
-        json_output: JsonOption = False,
-    ) -> None:
-        """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
-        output = make_output(json_output)
-        interpreter = str(resolve_python(python))
-        summary = rollback(interpreter, probe_installed(interpreter).prefix, status=output.status)
-        _report_change(output, json_output, interpreter, "rolled-back", summary)
+def status_command(python: PythonOption = None, json_output: JsonOption = False) -> None:
+    """Show what mlstack-ds installed into an environment (the receipt) and whether it still holds."""
+    output = make_output(json_output)
+    interpreter = str(python)
+    state = probe_installed(interpreter)
+    prefix = state.prefix
+    receipt = read_receipt(prefix)
+    health = check_health(receipt, state) if receipt is not None else None
+    intact = health is not None and health.intact
+    document = {"python": interpreter, "receipt_path": str(receipt_path(prefix)),
+                "receipt": receipt.to_dict() if receipt else None, "installed": state.__dict__,
+                "intact": intact, "problems": list(health.problems) if health else [],
+                "files": health.files.to_dict() if health and health.files else None}
+    if json_output:
+        output.emit_json(document)
+        return
+    if receipt is None:
+        output.out.print(f"no mlstack-ds install in {prefix}"
+                         + (f" (DeepSpeed {state.deepspeed_version} is installed by something else)"
+                            if state.deepspeed_version else ""))
+        return
+    rows: list[tuple[str, Cell]] = [
+        (key, str(getattr(receipt, key))) for key in ("deepspeed_version", "source", "source_commit", "platform",
+                                                      "archs", "ops", "torch_version", "installed_at", "wheel")]
+    rows.append(("patches", [p["name"] for p in receipt.patches] or ["none"]))
+    rows.append(("previous", str(receipt.previous.deepspeed_version or "none")))
+    rows.append(("state", Text("intact", style="green") if intact else Text("changed since install", style="red")))
+    if health is not None and health.files is not None and health.files.ok:
+        rows.append(("files", f"{health.files.checked} match RECORD"))
+    if health is not None and health.problems:
+        rows.append(("problem", list(health.problems)))
+    print_records(output.out, ("", ""), rows, keyed=True)
+    if not intact:
+        output.warn("`mlstack-ds install --force` reinstalls what the receipt describes; "
+                    "`mlstack-ds rollback` restores the previous DeepSpeed")
 
-    @app.command("uninstall")
-    def uninstall_command(
-        python: PythonOption = None,
-        json_output: JsonOption = False,
-    ) -> None:
-        """Remove the DeepSpeed that mlstack-ds installed; one it did not install is skipped (exit 0), like pip."""
-        output = make_output(json_output)
-        interpreter = str(resolve_python(python))
-        action, summary = uninstall(interpreter, probe_installed(interpreter))
-        if action == "skipped" and not json_output:  # like pip: a warning, exit 0
-            output.warn(escape(summary))
-            return
-        _report_change(output, json_output, interpreter, action, summary)
+
+def rollback_command(python: PythonOption = None, json_output: JsonOption = False) -> None:
+    """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
+    output = make_output(json_output)
+    interpreter = str(python)
+    summary = rollback(interpreter, probe_installed(interpreter).prefix, status=output.status)
+    _report_change(output, json_output, interpreter, "rolled-back", summary)
+
+
+def uninstall_command(python: PythonOption = None, json_output: JsonOption = False) -> None:
+    """Remove the DeepSpeed that mlstack-ds installed; one it did not install is skipped (exit 0), like pip."""
+    output = make_output(json_output)
+    interpreter = str(python)
+    action, summary = uninstall(interpreter, probe_installed(interpreter))
+    if action == "skipped" and not json_output:  # like pip: a warning, exit 0
+        output.warn(escape(summary))
+        return
+    _report_change(output, json_output, interpreter, action, summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("install")(install_command)
+    app.command("build")(build_command)
+    app.command("status")(status_command)
+    app.command("rollback")(rollback_command)
+    app.command("uninstall")(uninstall_command)
 
 
 def verify_failure(report: VerifyReport | None, done: str, hint: str) -> VerifyFailed | None:
@@ -264,7 +276,7 @@ def verify_failure(report: VerifyReport | None, done: str, hint: str) -> VerifyF
 def install_across(request: InstallRequest, hostfile: Path, output: Output, *, json_output: bool,
                    dry_run: bool) -> None:
     """`install --hostfile`: the plan, one status line per node, one document (or table) at the end."""
-    with build_interrupt_says_nothing_changed(), _build_progress(output) as progress:
+    with _building(output) as progress:
         outcome = run_hostfile_install(request, hostfile, output, progress, dry_run=dry_run)
     plan, report = outcome.plan, outcome.verify
     failure = verify_failure(report, "DeepSpeed was installed on every node",

@@ -1,17 +1,27 @@
-"""The options every command shares, declared once so that they mean the same everywhere.
+"""The options registry: every option that two or more commands take is declared here, once.
 
 Why one module: `--python` used to be a `Path` in one command, a `str` in another and resolved in
 three places; `--source` defaulted to `pypi` for `install` and to `git` for `fetch`; the recipe was
-`--recipe` for some commands and `--deepspeed-version` for others. Commands now take these types.
+`--recipe` for some commands and `--deepspeed-version` for others; `--hostfile` was declared in four
+modules and `--cache-dir` in three with three help texts. A command module declares only the options no
+other command has (`tests/unit/test_cli_options_registry.py` holds this).
+
+One style: `Annotated` aliases, the default written at the parameter (`cache_dir: CacheDirOption = None`),
+so two commands can share a flag and differ in its default. Where the flag does a different thing in each
+command (what `--hostfile` runs on the nodes, what `--timeout` bounds), one private factory here declares
+it, and the per-command aliases below it say the difference; the flag, its type and its shared wording stay
+in this file. Each command still parses the values it always accepted (`--world-size` is one number for
+`verify`, a list for `bench`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from mlstack_ds.bench.spec import DEFAULT_SEQ_LEN, GUIDE_SEQ_LEN
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.recipe import DEFAULT_RECIPE
 
@@ -24,14 +34,18 @@ DEFAULT_SOURCE = "pypi"
 
 def _resolve_python(value: Path | None) -> Path:
     """The one resolution of `--python` (an interpreter or a venv directory; default: this interpreter),
-    done while parsing so that every command gets the same absolute path and the same refusals."""
+    done while parsing so that every command gets the same absolute path and the same refusals. A command
+    body gets this `Path`, never None, and resolves nothing again."""
     return resolve_python(value)
 
+
+# --- every command's ---------------------------------------------------------------------------------------
 
 JsonOption = Annotated[bool, typer.Option(
     "--json", help="Print one JSON document on stdout (also on failure); progress goes to stderr.")]
 
-PythonOption = Annotated[Path | None, typer.Option(
+# Declared `Path`: the callback turns "not given" (None) into this interpreter before the body runs.
+PythonOption = Annotated[Path, typer.Option(
     "--python", callback=_resolve_python, metavar="PATH",
     help="Target interpreter or venv directory (the one that has or gets DeepSpeed). Default: the one "
     "running mlstack-ds.")]
@@ -41,17 +55,23 @@ RecipeOption = Annotated[str, typer.Option(
     help="The pinned release: a shipped recipe (deepspeed-0.19.5), its version (0.19.5) or a recipe .toml "
     "file. --deepspeed-version is an alias.")]
 
+# --- the source and the build: `fetch`, `install`, `build` (and `patches refresh` for the cache) -------------
+
 SourceOption = Annotated[str, typer.Option(
     "--source", metavar="pypi|git|URL|PATH",
     help="Where DeepSpeed's source comes from: pypi (the pinned sdist, via pip's index configuration; "
     "default), git (the pinned tag and commit), an http(s) URL of an archive, or a local checkout, "
     "sdist directory or archive.")]
+GitUrlOption = Annotated[str | None, typer.Option(
+    "--git-url", help="Clone from this URL or local mirror instead of the recipe's (with --source git).")]
+GitCommitOption = Annotated[str | None, typer.Option(
+    "--git-commit", help="Expect this commit for the tag instead of the pinned one (a mirror).")]
+Sha256Option = Annotated[str | None, typer.Option(
+    "--sha256", help="Expected sha256 of a URL/PATH archive that is not the pinned sdist.")]
+CacheDirOption = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="Downloads, sources and wheels (default $XDG_CACHE_HOME/mlstack-ds).")]
 
 # The build's own options, shared by `install` and `build` (the same plan, one stops at the wheel).
-GitUrlOption = Annotated[str | None, typer.Option(
-    "--git-url", help="Mirror of the DeepSpeed repo (with --source git).")]
-GitCommitOption = Annotated[str | None, typer.Option("--git-commit", help="Commit the mirror's tag must be.")]
-Sha256Option = Annotated[str | None, typer.Option("--sha256", help="Expected sha256 of a URL/path archive.")]
 ArchOption = Annotated[str | None, typer.Option(
     "--arch", help="GPU targets, e.g. gfx1100 or gfx90a,gfx942. Default: $PYTORCH_ROCM_ARCH, else the detected "
     "discrete GPUs.")]
@@ -59,11 +79,108 @@ JobsOption = Annotated[int | None, typer.Option(
     "--jobs", help="The compile budget, split over ops, files and ROCm archs (up to twice as many compilers, "
     "so an op left alone keeps every core); clamped to what memory allows (2 GiB per "
     "compile, per arch for hipcc). 1: one compile at a time. Default: the CPUs.")]
-CacheDirOption = Annotated[Path | None, typer.Option(
-    "--cache-dir", help="Downloads, sources and wheels (default $XDG_CACHE_HOME/mlstack-ds).")]
 NoPatchesOption = Annotated[bool, typer.Option("--no-patches", help="Build upstream as released, unpatched.")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the build plan and stop; change nothing.")]
+RebuildOption = Annotated[bool, typer.Option("--rebuild", help="Rebuild the wheel instead of reusing the cache.")]
 
-__all__ = ["DEFAULT_RECIPE", "DEFAULT_SOURCE", "ArchOption", "CacheDirOption", "DryRunOption", "GitCommitOption",
-           "GitUrlOption", "JobsOption", "JsonOption", "NoPatchesOption", "PythonOption", "RecipeOption",
-           "Sha256Option", "SourceOption"]
+# --- multi-node and runs: `install`, `verify`, `bench`, `doctor` ----------------------------------------------
+
+
+def _hostfile(does: str) -> Any:
+    return Annotated[Path | None, typer.Option(
+        "--hostfile", metavar="FILE",
+        help=f"Multi-node: {does} FILE is a DeepSpeed hostfile (`host slots=N` lines); its nodes are reached "
+        "over ssh, with --python at the same path on every node. See docs/multinode.md.")]
+
+
+InstallHostfileOption = _hostfile(
+    "build once here, install the same wheel on every node (mlstack-ds at the same path too), all or nothing, "
+    "then verify across the nodes.")
+VerifyHostfileOption = _hostfile(
+    "run the suite on the nodes through DeepSpeed's launcher (passwordless ssh and pdsh here; the launch "
+    "files are copied to nodes that do not share this host's file system).")
+BenchHostfileOption = _hostfile("run the stages on the nodes through DeepSpeed's launcher, as `verify "
+                                "--hostfile` does.")
+DoctorHostfileOption = _hostfile(
+    "check every node (reachable, the --python interpreter, torch/DeepSpeed/ROCm versions, GPU targets, "
+    "hostname and interfaces) and what differs between them, instead of this machine.")
+
+
+def _world_size(kind: type, metavar: str | None, what: str) -> Any:
+    return Annotated[kind | None, typer.Option(
+        "--world-size", metavar=metavar, help=f"Ranks to launch{what} (default: the GPU count; 2 on CPU).")]
+
+
+WorldSizeOption = _world_size(int, None, "")  # verify: one number
+WorldSizesOption = _world_size(str, "N[,N...]", " per run; several (1,2) measure scaling")  # bench: a list
+
+
+def _timeout(bounds: str) -> Any:
+    return Annotated[float, typer.Option("--timeout", help=f"Seconds {bounds}; on expiry its processes are "
+                                         "killed.")]
+
+
+VerifyTimeoutOption = _timeout("for the whole run")
+BenchTimeoutOption = _timeout("per stage")
+
+
+def _ds_config(use: str) -> Any:
+    return Annotated[Path | None, typer.Option(
+        "--config", "--ds-config", metavar="FILE",
+        help=f"Your DeepSpeed config (read as DeepSpeed reads it, hjson included): {use} --ds-config is an "
+        "alias.")]
+
+
+VerifyConfigOption = _ds_config(
+    "the `config` check trains the suite's model under it (stage, offload, precision, buckets as given) "
+    "against the torch reference. DeepSpeed's parser judges it first; a rejected key is an error before "
+    "anything is launched. Alone, runs only that check.")
+BenchConfigOption = _ds_config(
+    "the base of the ZeRO runs (buckets, offload, precision as given; the stage and micro-batch come from "
+    "--stages and --micro-batch). Checked by DeepSpeed first.")
+DoctorConfigOption = _ds_config("rates libaio by its NVMe offload.")
+
+# --- the model's shape: `config` and `bench` -------------------------------------------------------------------
+
+MicroBatchOption = Annotated[int, typer.Option(
+    "--micro-batch", help="The micro-batch: sequences per rank (GPU) and step.")]
+
+
+def _seq_len(kind: Any, default: str) -> Any:
+    return Annotated[kind, typer.Option("--seq-len", help=f"Tokens per sequence{default}.")]
+
+
+SeqLenOption = _seq_len(int, "")
+BenchSeqLenOption = _seq_len(int | None, f" (default: {DEFAULT_SEQ_LEN['tiny']} for tiny, {GUIDE_SEQ_LEN} for the "
+                             "others)")
+
+# --- outputs and trees: `config`, `patches` ----------------------------------------------------------------------
+
+
+def _out(metavar: str | None, what: str) -> Any:
+    return Annotated[Path | None, typer.Option("--out", metavar=metavar, help=f"Where {what}.")]
+
+
+ConfigOutOption = _out("FILE", "the config is written (default: stdout)")
+DraftOutOption = _out(None, "the draft series goes (default ./deepspeed-VERSION.patches-draft of --to); must "
+                      "not exist or be empty, and never a shipped series directory")
+
+
+def _tree(kind: Any, which: str) -> Any:
+    return Annotated[kind, typer.Option("--tree", help=f"The DeepSpeed tree: {which}.")]
+
+
+TreeOption = _tree(Path | None, "the fetched release (default ./deepspeed-VERSION)")
+AnyTreeOption = _tree(Path, "any, e.g. your own checkout")
+NewTreeOption = _tree(Path | None, "the new release's (default: fetch the --to recipe's sdist, cached)")
+SeriesOption = Annotated[Path | None, typer.Option("--series", help="This series file, not the recipe's.")]
+
+__all__ = [
+    "DEFAULT_RECIPE", "DEFAULT_SOURCE", "AnyTreeOption", "ArchOption", "BenchConfigOption", "BenchHostfileOption",
+    "BenchSeqLenOption", "BenchTimeoutOption", "CacheDirOption", "ConfigOutOption", "DoctorConfigOption",
+    "DoctorHostfileOption", "DraftOutOption", "DryRunOption", "GitCommitOption", "GitUrlOption",
+    "InstallHostfileOption", "JobsOption", "JsonOption", "MicroBatchOption", "NewTreeOption", "NoPatchesOption",
+    "PythonOption", "RebuildOption", "RecipeOption", "SeqLenOption", "SeriesOption", "Sha256Option",
+    "SourceOption", "TreeOption", "VerifyConfigOption", "VerifyHostfileOption", "VerifyTimeoutOption",
+    "WorldSizeOption", "WorldSizesOption",
+]

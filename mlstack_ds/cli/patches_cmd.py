@@ -12,7 +12,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from mlstack_ds.cli.options import JsonOption, RecipeOption
+from mlstack_ds.cli.options import (
+    AnyTreeOption,
+    CacheDirOption,
+    DraftOutOption,
+    JsonOption,
+    NewTreeOption,
+    RecipeOption,
+    SeriesOption,
+    TreeOption,
+)
 from mlstack_ds.console import make_output, print_records
 from mlstack_ds.errors import MlstackError, PatchError, UsageError
 from mlstack_ds.patches import (
@@ -31,9 +40,6 @@ from mlstack_ds.source import fetch_source, parse_source_spec
 from mlstack_ds.source.local import check_deepspeed_tree
 
 _STYLE = {PatchState.APPLIES: "green", PatchState.ALREADY_APPLIED: "cyan", PatchState.CONFLICTS: "red"}
-
-SeriesOpt = Annotated[Path | None, typer.Option("--series", help="This series file, not the recipe's.")]
-TreeOpt = Annotated[Path | None, typer.Option("--tree", help="The tree (default ./deepspeed-VERSION).")]
 
 
 _VERDICT_STYLE = {Verdict.CLEAN: "green", Verdict.OFFSET: "yellow", Verdict.FUZZ: "yellow",
@@ -69,7 +75,7 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("list")
     def list_(
-        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOption = False
+        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOption = None, json_output: JsonOption = False
     ) -> None:
         """The series in order, with subjects and the files each patch touches."""
         output = make_output(json_output)
@@ -88,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("check")
     def check(
-        tree: TreeOpt = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None,
+        tree: TreeOption = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOption = None,
         json_output: JsonOption = False,
     ) -> None:
         """Check every patch against a tree: applies / already applied / conflicts (exit 5 on conflicts)."""
@@ -108,7 +114,7 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("apply")
     def apply(
-        tree: TreeOpt = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None,
+        tree: TreeOption = None, recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOption = None,
         json_output: JsonOption = False,
     ) -> None:
         """Apply the whole series (one commit per patch, reproducible) or nothing (exit 5)."""
@@ -125,8 +131,8 @@ def register(app: typer.Typer) -> None:
 
     @patches.command("status")
     def status(
-        tree: Annotated[Path, typer.Option("--tree", help="Any DeepSpeed tree, e.g. your own checkout.")],
-        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOpt = None, json_output: JsonOption = False,
+        tree: AnyTreeOption,
+        recipe: RecipeOption = DEFAULT_RECIPE, series: SeriesOption = None, json_output: JsonOption = False,
     ) -> None:
         """Report a tree's state against the series (read-only, exit 0)."""
         output = make_output(json_output)
@@ -205,13 +211,9 @@ def register_refresh(patches: typer.Typer) -> None:
         to: Annotated[str, typer.Option("--to", metavar="NAME|VERSION", help="The new release's recipe.")],
         from_: Annotated[str, typer.Option("--from", metavar="NAME|VERSION",
                                            help="The recipe whose series is moved.")] = DEFAULT_RECIPE,
-        out: Annotated[Path | None, typer.Option(
-            "--out", help="Where the draft series goes (default ./deepspeed-VERSION.patches-draft of --to); "
-            "must not exist or be empty, and never a shipped series directory.")] = None,
-        tree: Annotated[Path | None, typer.Option(
-            "--tree", help="The new release's tree (default: fetch the --to recipe's sdist, cached).")] = None,
-        cache_dir: Annotated[Path | None, typer.Option(
-            "--cache-dir", help="Download cache for the sdist (default $XDG_CACHE_HOME/mlstack-ds).")] = None,
+        out: DraftOutOption = None,
+        tree: NewTreeOption = None,
+        cache_dir: CacheDirOption = None,
         json_output: JsonOption = False,
     ) -> None:
         """Move the --from series to the --to release: a verdict per patch and a draft series (exit 5
