@@ -68,6 +68,11 @@ class Recipe:
         """What pip is asked for when the source is the package index."""
         return f"{self.package}=={self.version}"
 
+    @property
+    def default_tree(self) -> Path:
+        """Where `fetch` puts the tree, and where the `patches` commands look for it: ./deepspeed-VERSION."""
+        return Path(f"{self.package}-{self.version}")
+
 
 def recipes_dir() -> Path:
     return data_dir("recipes")

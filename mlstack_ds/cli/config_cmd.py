@@ -16,7 +16,7 @@ from mlstack_ds.config.hardware import Hardware, detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
 from mlstack_ds.config.planner import plan_config
 from mlstack_ds.config.rules import Plan
-from mlstack_ds.config.sizes import gib, parse_size
+from mlstack_ds.config.sizes import gib, parse_count, parse_size, positive_int
 from mlstack_ds.console import Output, make_output
 from mlstack_ds.errors import ConfigDoesNotFit, UsageError
 
@@ -27,25 +27,6 @@ CONFIG_HELP = (
     "DeepSpeed in the target before it is written. MODEL: a preset ("
     + ", ".join(PRESETS) + "), a Hugging Face config.json, or --params/--hidden/--layers. See docs/config.md."
 )
-
-
-def _positive(option: str, value: int) -> int:
-    if value <= 0:
-        raise UsageError(f"{option} {value}: must be greater than zero", hint=f"e.g. {option} 1")
-    return value
-
-
-def _count(option: str, text: str | None) -> int | None:
-    """`--params 7e9` or `--params 6738415616`: a positive whole number."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{option} {text!r}: not a number", hint=f"e.g. {option} 7e9") from None
-    if not 0 < value < float("inf"):
-        raise UsageError(f"{option} {text}: must be greater than zero", hint=f"e.g. {option} 7e9")
-    return int(value)
 
 
 def register(app: typer.Typer) -> None:
@@ -75,9 +56,9 @@ def register(app: typer.Typer) -> None:
         python: PythonOption = None,
     ) -> None:
         output = make_output(json_output)
-        _positive("--micro-batch", micro_batch)
-        _positive("--seq-len", seq_len)
-        shape = resolve_model(model, _count("--params", params), hidden, layers)
+        positive_int("--micro-batch", micro_batch)
+        positive_int("--seq-len", seq_len)
+        shape = resolve_model(model, parse_count("--params", params), hidden, layers)
         vram_bytes = parse_size("--vram", vram) if vram is not None else None
         ram_bytes = parse_size("--ram", ram) if ram is not None else None
         hardware = plan_hardware(detect_gpus(), gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -14,12 +13,12 @@ from mlstack_ds.cluster.hostfile import hostfile_world_size, parse_hostfile
 from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.doctor import diagnose
 from mlstack_ds.doctor.cluster import diagnose_cluster
-from mlstack_ds.doctor.logs import match_log_stream
+from mlstack_ds.doctor.logs import match_log_file
 from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.report import render_markdown
 from mlstack_ds.doctor.rules import RULES
 from mlstack_ds.dsconfig.read import read_nvme_offload
-from mlstack_ds.errors import EnvironmentProblem, ExitCode, UsageError
+from mlstack_ds.errors import ExitCode, UsageError
 from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -31,21 +30,6 @@ ReportOption = Annotated[bool, typer.Option("--report", help="Print a Markdown b
 SysRootOption = Annotated[
     Path, typer.Option("--sys-root", hidden=True, help="Read /dev, /proc, /sys below this directory.")
 ]
-
-
-def _match_log(path: Path) -> list[Finding]:
-    """Match the log at `path` (`-`: stdin; a FIFO works too) line by line in bounded memory."""
-    if str(path) == "-":
-        return match_log_stream(sys.stdin.buffer, RULES)
-    try:
-        with path.open("rb") as stream:
-            return match_log_stream(stream, RULES)
-    except OSError as exc:
-        raise UsageError(f"--log {path}: {exc.strerror or exc}",
-                         hint="pass a readable log file, or - for stdin") from exc
-    except MemoryError as exc:  # bounded by design; a machine this short of memory cannot run doctor
-        raise EnvironmentProblem(f"--log {path}: out of memory while reading the log",
-                                 hint="free some memory, or pass the part of the log around the error") from exc
 
 
 def _render_table(findings: list[Finding], output: Output) -> None:
@@ -85,7 +69,7 @@ def register(app: typer.Typer) -> None:
                                                               "--report": report or None})
             return
         min_rocm = find_recipe(recipe).min_rocm  # a bad --recipe is refused before anything is probed
-        log_findings = _match_log(log) if log is not None else []
+        log_findings = match_log_file(log, RULES) if log is not None else []
         nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
         diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,

@@ -20,12 +20,8 @@ from mlstack_ds.cli.options import (
     SourceOption,
 )
 from mlstack_ds.console import Output, make_output
-from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe
+from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
-
-
-def default_dest(recipe: Recipe) -> Path:
-    return Path(f"{recipe.package}-{recipe.version}")
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +46,7 @@ def register(app: typer.Typer) -> None:
         if spec.git_commit and spec.git_commit != recipe.git.commit:
             pinned = f"the pinned {recipe.git.commit}" if recipe.git.commit else "no pinned commit"
             output.warn(f"expecting commit {spec.git_commit} for {recipe.git.tag}, {pinned} (--git-commit)")
-        target = dest if dest is not None else default_dest(recipe)
+        target = dest if dest is not None else recipe.default_tree
         output.status(f"fetching {recipe.package} {recipe.version} from {source} ...")
         with _progress(output) as progress:
             tree = fetch_source(recipe, spec, cache_dir, target, progress=progress)

@@ -23,7 +23,7 @@ from mlstack_ds.cli.options import (
     TreeOption,
 )
 from mlstack_ds.console import make_output, print_records
-from mlstack_ds.errors import MlstackError, PatchError, UsageError
+from mlstack_ds.errors import PatchError, UsageError
 from mlstack_ds.patches import (
     PatchState,
     SeriesCheck,
@@ -33,22 +33,23 @@ from mlstack_ds.patches import (
     series_for_recipe,
     tree_status,
 )
-from mlstack_ds.patches.refresh import RefreshResult, Verdict, check_out_dir, refresh_series
-from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe, list_recipes
+from mlstack_ds.patches.refresh import (
+    RefreshResult,
+    Verdict,
+    check_new_tree,
+    check_out_dir,
+    refresh_series,
+    shipped_series_dirs,
+)
+from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
 from mlstack_ds.resources import data_dir
 from mlstack_ds.source import fetch_source, parse_source_spec
-from mlstack_ds.source.local import check_deepspeed_tree
 
 _STYLE = {PatchState.APPLIES: "green", PatchState.ALREADY_APPLIED: "cyan", PatchState.CONFLICTS: "red"}
 
 
 _VERDICT_STYLE = {Verdict.CLEAN: "green", Verdict.OFFSET: "yellow", Verdict.FUZZ: "yellow",
                   Verdict.UPSTREAM: "cyan", Verdict.CONFLICTS: "red"}
-
-
-def _default_tree(recipe_name: str) -> Path:
-    recipe = find_recipe(recipe_name)
-    return Path(f"{recipe.package}-{recipe.version}")
 
 
 def check_document(check: SeriesCheck) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check every patch against a tree: applies / already applied / conflicts (exit 5 on conflicts)."""
         output = make_output(json_output)
-        result = check_series(tree or _default_tree(recipe), series_for_recipe(find_recipe(recipe), series))
+        result = check_series(tree or find_recipe(recipe).default_tree, series_for_recipe(find_recipe(recipe), series))
         failure = None
         if result.conflicting:
             names = ", ".join(r.name for r in result.conflicting)
@@ -119,7 +120,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Apply the whole series (one commit per patch, reproducible) or nothing (exit 5)."""
         output = make_output(json_output)
-        result = apply_series(tree or _default_tree(recipe), series_for_recipe(find_recipe(recipe), series))
+        result = apply_series(tree or find_recipe(recipe).default_tree, series_for_recipe(find_recipe(recipe), series))
         if json_output:
             document = asdict(result)
             document["tree"] = str(result.tree)
@@ -174,25 +175,6 @@ def register(app: typer.Typer) -> None:
             raise failure
 
 
-def _shipped_series_dirs() -> tuple[Path, ...]:
-    """Every series directory this tool ships (and each recipe's), which refresh must never write."""
-    dirs = {p.parent for p in data_dir("patches").glob("*/series")}
-    dirs |= {r.series_path.parent for r in list_recipes()}
-    return tuple(sorted(dirs))
-
-
-def _checked_tree(tree: Path, recipe: Recipe) -> Path:
-    """`--tree` must be a DeepSpeed tree at the --to release (exit 2 otherwise; nothing is written)."""
-    if not tree.is_dir():
-        raise UsageError(f"--tree {tree} is not a directory", hint="pass an extracted sdist or a checkout")
-    try:
-        check_deepspeed_tree(tree, recipe, f"--tree {tree}")
-    except MlstackError as exc:
-        raise UsageError(exc.message, hint=f"pass a tree of {recipe.name} (an extracted sdist or checkout), "
-                         "or leave out --tree to fetch its sdist") from None
-    return tree
-
-
 def refresh_document(result: RefreshResult, from_name: str, to_name: str) -> dict[str, Any]:
     return {
         "from": from_name, "to": to_name, "tree": str(result.tree), "out": str(result.out),
@@ -223,10 +205,10 @@ def register_refresh(patches: typer.Typer) -> None:
         series = series_for_recipe(from_recipe)
         series = replace(series, mirrors=to_recipe.patch_mirrors)  # the copies the new tree ships
         target = check_out_dir(out if out is not None else Path(f"{to_recipe.name}.patches-draft"),
-                               _shipped_series_dirs())
+                               shipped_series_dirs())
         with tempfile.TemporaryDirectory(prefix="mlstack-ds-refresh-") as tmp:
             if tree is not None:
-                new_tree = _checked_tree(tree, to_recipe)
+                new_tree = check_new_tree(tree, to_recipe)
             else:
                 output.status(f"fetching {to_recipe.package} {to_recipe.version} (pypi sdist) ...")
                 new_tree = fetch_source(to_recipe, parse_source_spec("pypi"), cache_dir, Path(tmp) / "tree").path

@@ -1,4 +1,5 @@
-"""Byte sizes as users write them: `24GiB`, `16GB`, `512MiB`, `1.5TiB`, or a plain number of bytes."""
+"""Numbers as users write them: byte sizes (`24GiB`, `16GB`, `512MiB`, `1.5TiB`, or a plain number of bytes),
+counts (`7e9`) and positive whole numbers."""
 
 from __future__ import annotations
 
@@ -23,6 +24,25 @@ def parse_size(option: str, text: str) -> int:
     value = float(match.group(1)) * _UNITS[unit]
     if value < 1:
         raise UsageError(f"{option} {text}: must be greater than zero", hint=f"e.g. {option} 24GiB")
+    return int(value)
+
+
+def positive_int(option: str, value: int) -> int:
+    if value <= 0:
+        raise UsageError(f"{option} {value}: must be greater than zero", hint=f"e.g. {option} 1")
+    return value
+
+
+def parse_count(option: str, text: str | None) -> int | None:
+    """`--params 7e9` or `--params 6738415616`: a positive whole number."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: not a number", hint=f"e.g. {option} 7e9") from None
+    if not 0 < value < float("inf"):
+        raise UsageError(f"{option} {text}: must be greater than zero", hint=f"e.g. {option} 7e9")
     return int(value)
 
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import codecs
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO
 
 from mlstack_ds.doctor.model import Finding, Rule
+from mlstack_ds.errors import EnvironmentProblem, UsageError
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MAX_EVIDENCE_CHARS = 240
@@ -53,6 +56,21 @@ def match_log(text: str, rules: Iterable[Rule]) -> list[Finding]:
 def match_log_stream(stream: BinaryIO, rules: Iterable[Rule], block_bytes: int = BLOCK_BYTES) -> list[Finding]:
     """`match_log` for a binary stream (file, FIFO, stdin), read block by block in bounded memory."""
     return _LogMatcher(rules).feed_all(_decoded_blocks(stream, block_bytes)).findings()
+
+
+def match_log_file(path: Path, rules: Iterable[Rule]) -> list[Finding]:
+    """`doctor --log PATH`: the log at `path` (`-`: stdin; a FIFO works too), line by line in bounded memory."""
+    if str(path) == "-":
+        return match_log_stream(sys.stdin.buffer, rules)
+    try:
+        with path.open("rb") as stream:
+            return match_log_stream(stream, rules)
+    except OSError as exc:
+        raise UsageError(f"--log {path}: {exc.strerror or exc}",
+                         hint="pass a readable log file, or - for stdin") from exc
+    except MemoryError as exc:  # bounded by design; a machine this short of memory cannot run doctor
+        raise EnvironmentProblem(f"--log {path}: out of memory while reading the log",
+                                 hint="free some memory, or pass the part of the log around the error") from exc
 
 
 def _decoded_blocks(stream: BinaryIO, block_bytes: int) -> Iterator[str]:

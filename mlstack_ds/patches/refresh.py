@@ -28,7 +28,7 @@ from pathlib import Path
 
 from unidiff import PatchSet
 
-from mlstack_ds.errors import PatchError, UsageError
+from mlstack_ds.errors import MlstackError, PatchError, UsageError
 from mlstack_ds.patches.engine import (
     Conflict,
     SeriesCheck,
@@ -40,7 +40,10 @@ from mlstack_ds.patches.engine import (
 )
 from mlstack_ds.patches.mirror import Applicable, applicable_series, file_diff_text
 from mlstack_ds.patches.series import _DIFF_START, SERIES_FILE, PatchFile, Series, load_series
+from mlstack_ds.recipe import Recipe, list_recipes
+from mlstack_ds.resources import data_dir
 from mlstack_ds.source.gitrepo import git
+from mlstack_ds.source.local import check_deepspeed_tree
 
 _HUNK_AT = re.compile(r"^Hunk #(?P<hunk>\d+) succeeded at (?P<line>\d+)(?: \(offset (?P<offset>-?\d+) lines?\))?")
 _CHECKING = re.compile(r"^Checking patch (?P<file>.+)\.\.\.$")
@@ -118,6 +121,25 @@ def check_out_dir(out: Path, shipped: tuple[Path, ...]) -> Path:
         raise UsageError(f"--out {out} exists and is not an empty directory",
                          hint="pass a new directory, or remove the old draft first")
     return out
+
+
+def shipped_series_dirs() -> tuple[Path, ...]:
+    """Every series directory this tool ships (and each recipe's), which refresh must never write."""
+    dirs = {p.parent for p in data_dir("patches").glob("*/series")}
+    dirs |= {r.series_path.parent for r in list_recipes()}
+    return tuple(sorted(dirs))
+
+
+def check_new_tree(tree: Path, recipe: Recipe) -> Path:
+    """`--tree` must be a DeepSpeed tree at the --to release (exit 2 otherwise; nothing is written)."""
+    if not tree.is_dir():
+        raise UsageError(f"--tree {tree} is not a directory", hint="pass an extracted sdist or a checkout")
+    try:
+        check_deepspeed_tree(tree, recipe, f"--tree {tree}")
+    except MlstackError as exc:
+        raise UsageError(exc.message, hint=f"pass a tree of {recipe.name} (an extracted sdist or checkout), "
+                         "or leave out --tree to fetch its sdist") from None
+    return tree
 
 
 def refresh_series(series: Series, tree: Path, out: Path, *, title: str,
