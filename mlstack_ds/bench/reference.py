@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlstack_ds.config.hardware import detect_gpus
 from mlstack_ds.tomlcompat import tomllib
 
 REFERENCE_FILE = Path(__file__).with_name("reference.toml")
@@ -47,6 +48,13 @@ class Machine:
     platform: str  # cpu | gpu
     arch: str | None
     vram_gib: float | None
+
+
+def this_machine(platform: str) -> Machine:
+    """The machine a run on `platform` (cpu | gpu) had: the first GPU's target, the smallest GPU memory."""
+    gpus = detect_gpus() if platform == "gpu" else []
+    vram = min((g.vram_bytes for g in gpus if g.vram_bytes), default=None)
+    return Machine(platform, gpus[0].arch if gpus else None, vram / 2**30 if vram else None)
 
 
 def differences(reference: Reference, machine: Machine, model: str, world_size: int) -> list[str]:

@@ -33,6 +33,7 @@ MODELS: dict[str, BenchModel] = {"tiny": TINY, **{
 # Per-model defaults: the guide's sizes at its sequence length, `tiny` at what 2 CPU cores finish quickly.
 DEFAULT_SEQ_LEN = {"tiny": 64}
 GUIDE_SEQ_LEN = 1024
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,17 @@ def parse_model(name: str) -> BenchModel:
     if model is None:
         raise UsageError(f"--model {name!r}: not a bench model", hint=f"choose one of {', '.join(MODELS)}")
     return model
+
+
+def parse_precision(text: str) -> str:
+    if text not in PRECISIONS:
+        raise UsageError(f"--precision {text!r}: not a precision", hint="auto, fp32, bf16 or fp16")
+    return text
+
+
+def default_seq_len(model: BenchModel) -> int:
+    """Tokens per sequence when --seq-len is not given: short for tiny, the guide's for the others."""
+    return DEFAULT_SEQ_LEN.get(model.name, GUIDE_SEQ_LEN)
 
 
 def parse_stages(text: str) -> tuple[str, ...]:

@@ -10,16 +10,16 @@ import typer
 
 from mlstack_ds.bench.config import checked_base_config
 from mlstack_ds.bench.plot import require_plotting, write_plot
-from mlstack_ds.bench.reference import Machine
+from mlstack_ds.bench.reference import this_machine
 from mlstack_ds.bench.report import build_report, render
 from mlstack_ds.bench.run import run_bench
 from mlstack_ds.bench.spec import (
-    DEFAULT_SEQ_LEN,
     DEFAULT_STAGES,
-    GUIDE_SEQ_LEN,
     MODELS,
     BenchSpec,
+    default_seq_len,
     parse_model,
+    parse_precision,
     parse_stages,
     parse_world_sizes,
     positive,
@@ -35,7 +35,6 @@ from mlstack_ds.cli.options import (
     PythonOption,
     WorldSizesOption,
 )
-from mlstack_ds.config.hardware import detect_gpus
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.console import make_output
 from mlstack_ds.errors import BenchFailed, UsageError
@@ -80,8 +79,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         output = make_output(json_output)
         chosen = parse_model(model)
-        if precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise UsageError(f"--precision {precision!r}: not a precision", hint="auto, fp32, bf16 or fp16")
+        parse_precision(precision)
         if hostfile is not None and world_size is not None:
             raise UsageError("--world-size cannot be combined with --hostfile",
                              hint="the hostfile's slots=N entries decide how many ranks run on each node")
@@ -94,16 +92,12 @@ def register(app: typer.Typer) -> None:
             model=chosen, stages=parse_stages(stages), world_sizes=parse_world_sizes(world_size),
             steps=positive("--steps", steps), warmup=positive("--warmup", warmup, zero_ok=True),
             micro_batch=positive("--micro-batch", micro_batch),
-            seq_len=positive("--seq-len", seq_len if seq_len is not None else DEFAULT_SEQ_LEN.get(chosen.name,
-                                                                                                GUIDE_SEQ_LEN)),
+            seq_len=positive("--seq-len", seq_len if seq_len is not None else default_seq_len(chosen)),
             precision=precision, config=config, config_json=config_json,
             memory_cap=parse_size("--memory-cap", memory_cap) if memory_cap is not None else 0,
             hostfile=hostfile, timeout_s=positive_seconds("--timeout", timeout))
         runs, platform = run_bench(spec, python, status=output.status)
-        gpus = detect_gpus() if platform == "gpu" else []
-        vram = min((g.vram_bytes for g in gpus if g.vram_bytes), default=None)
-        machine = Machine(platform, gpus[0].arch if gpus else None, vram / 2**30 if vram else None)
-        report = build_report(spec, runs, str(python), machine)
+        report = build_report(spec, runs, str(python), this_machine(platform))
         if plot is not None:
             write_plot(report, plot)
             output.status(f"plot: {plot}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -92,11 +92,8 @@ def install_command(
     only changed once the wheel exists) and to get wrong (refusals say what to fix).
     """
     output = make_output(json_output)
-    request = InstallRequest(
-        deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
-        sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
-        verify=not no_verify, force=force, rebuild=rebuild, cached_wheel=cached_wheel,
-    )
+    request = _request(recipe, source, git_url, git_commit, sha256, arch, python, jobs, cache_dir, no_patches, rebuild,
+                       verify=not no_verify, force=force, cached_wheel=cached_wheel)
     if hostfile is not None:
         if cached_wheel is not None:
             raise UsageError("--cached-wheel is what install --hostfile passes to each node", hint="leave it out")
@@ -152,11 +149,8 @@ def build_command(
     the same plan on a machine sharing the cache then reuses it.
     """
     output = make_output(json_output)
-    request = InstallRequest(
-        deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
-        sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir, patches=not no_patches,
-        verify=False, rebuild=rebuild,
-    )
+    request = _request(recipe, source, git_url, git_commit, sha256, arch, python, jobs, cache_dir, no_patches, rebuild,
+                       verify=False)
     prepared = _plan_or_dry_run(request, output, json_output=json_output, dry_run=dry_run)
     if prepared is None:
         return
@@ -176,6 +170,15 @@ def build_command(
         output.out.print(f"copied to {escape(str(outcome.copied_to))}")
     output.out.print(f"sha256 {built.sha256}; ops: {', '.join(plan.built_ops) or 'none'}"
                      + (f"; targets {', '.join(plan.archs)}" if plan.archs else ""))
+
+
+def _request(recipe: str, source: str, git_url: str | None, git_commit: str | None, sha256: str | None,
+             arch: str | None, python: Path, jobs: int | None, cache_dir: Path | None, no_patches: bool,
+             rebuild: bool, **install: Any) -> InstallRequest:
+    """The request from the options `install` and `build` share; `install` adds its own (verify, force...)."""
+    return InstallRequest(deepspeed_version=recipe, source=source, git_url=git_url, git_commit=git_commit,
+                          sha256=sha256, archs=arch, python=python, jobs=jobs, cache_dir=cache_dir,
+                          patches=not no_patches, rebuild=rebuild, **install)
 
 
 def _plan_or_dry_run(request: InstallRequest, output: Output, *, json_output: bool, dry_run: bool) -> Prepared | None:
