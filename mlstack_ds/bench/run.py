@@ -1,6 +1,6 @@
 """Run a bench: one launch per world size and stage, each bounded in time, leaving nothing running.
 
-The launches are verify's (`verify/launch.py`: torchrun on one machine, DeepSpeed's launcher with a
+The launches are verify's (`launch/launcher.py`: torchrun on one machine, DeepSpeed's launcher with a
 hostfile, the run-id marker and the sweep); the ranks run the worker package's `bench` entry in the
 target interpreter. One launch per stage, not one for all: a stage that runs out of memory ends its own
 launch (the launcher stops the other ranks) and the next stage starts clean, as the guide's "OOM"
@@ -24,11 +24,10 @@ from mlstack_ds.bench.spec import BenchSpec
 from mlstack_ds.cluster import hostfile
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import EnvironmentProblem, Interrupted
-from mlstack_ds.launch import nodes
-from mlstack_ds.launch import process as launch
+from mlstack_ds.launch import launcher, nodes
 from mlstack_ds.verify.suite import probe_target
 
-BENCH_MODULE = f"{launch.WORKER_MODULE}.bench"
+BENCH_MODULE = f"{launcher.WORKER_MODULE}.bench"
 PROGRESS_EVERY_S = 2.0
 
 
@@ -112,21 +111,21 @@ def worker_args(spec: BenchSpec, stage: str, out_dir: Path, run_id: str) -> list
 def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *,
                hosts: Sequence[hostfile.HostEntry] | None, status: Callable[[str], None],
                extra_env: Mapping[str, str]) -> StageRun:
-    run_id = launch.new_run_id()
+    run_id = launcher.new_run_id()
     with tempfile.TemporaryDirectory(prefix="mlstack-bench-") as tmp:
         launch_dir = Path(tmp)
         out_dir = launch_dir / "results"
         out_dir.mkdir()
-        staged = launch.stage_worker(launch_dir / "code")
+        staged = launcher.stage_worker(launch_dir / "code")
         args = worker_args(spec, stage, out_dir, run_id)
-        env = launch.worker_env({**os.environ, **extra_env}, staged)
+        env = launcher.worker_env({**os.environ, **extra_env}, staged)
         argv, node_list = nodes.launch_command(python, args, env, launch_dir=launch_dir, run_id=run_id,
                                                world_size=world_size, hosts=hosts, hostfile=spec.hostfile,
                                                status=status)
         watcher = ProgressWatcher(out_dir / "progress.jsonl", stage, status)
         watcher.start()
         try:
-            outcome = launch.run_launch(argv, timeout_s=spec.timeout_s, run_id=run_id, env=env, cwd=staged)
+            outcome = launcher.run_launch(argv, timeout_s=spec.timeout_s, run_id=run_id, env=env, cwd=staged)
         finally:
             watcher.stop()
             nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
@@ -146,7 +145,7 @@ def read_ranks(out_dir: Path, world_size: int) -> dict[int, dict[str, Any]]:
     return ranks
 
 
-def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: launch.LaunchOutcome,
+def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: launcher.LaunchOutcome,
           timeout_s: float) -> tuple[str, str]:
     """ok when every rank finished; oom when any rank ran out of memory (the launcher then stops the
     others, which write nothing); failed otherwise, with the first reason a rank gave or the launch's."""

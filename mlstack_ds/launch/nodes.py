@@ -24,7 +24,7 @@ from mlstack_ds.cluster import remote
 from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry, rank_layout
 from mlstack_ds.errors import EnvironmentProblem
-from mlstack_ds.launch import process
+from mlstack_ds.launch import launcher
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # What the ranks need from this host's environment, by prefix: our own markers and test hooks, DeepSpeed's
@@ -51,10 +51,10 @@ def launch_command(python: Path, args: Sequence[str], env: dict[str, str], *, la
     machine, or, with a hostfile, DeepSpeed's launcher over `hosts`, after the ranks' env file is written
     into `launch_dir` (`env` then names it) and every node is checked and given the launch directory."""
     if hosts is None or hostfile is None:
-        return process.torchrun_argv(python, world_size, process.free_port(), args), []
-    argv = process.deepspeed_argv(python, hostfile, hosts, process.free_port(), args)
+        return launcher.torchrun_argv(python, world_size, launcher.free_port(), args), []
+    argv = launcher.deepspeed_argv(python, hostfile, hosts, launcher.free_port(), args)
     env_file = write_env_file(launch_dir / "deepspeed_env",
-                              {**env, process.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
+                              {**env, launcher.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
     env[ENV_FILE_VARIABLE] = str(env_file)
     return argv, prepare(hosts, python, launch_dir, env=env, status=status)
 

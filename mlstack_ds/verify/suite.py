@@ -21,8 +21,7 @@ from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, Interrupted, UsageError
-from mlstack_ds.launch import nodes
-from mlstack_ds.launch import process as launch
+from mlstack_ds.launch import launcher, nodes
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
 
@@ -118,33 +117,33 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
                hosts: Sequence[hostfile.HostEntry] | None, options: VerifyOptions, timeout_s: float,
                status: Callable[[str], None]) -> tuple[list[CheckResult], LaunchRecord]:
     names = [s.name for s in group]
-    run_id = launch.new_run_id()
+    run_id = launcher.new_run_id()
     with tempfile.TemporaryDirectory(prefix="mlstack-verify-") as tmp:
         launch_dir = Path(tmp)
         out_dir = launch_dir / "results"
         out_dir.mkdir()
-        staged = launch.stage_worker(launch_dir / "code")
+        staged = launcher.stage_worker(launch_dir / "code")
         ds_config = None
         if options.ds_config is not None:
             ds_config = launch_dir / "ds_config.json"  # inside launch_dir: copied to nodes that need it
             ds_config.write_text(json.dumps(options.ds_config), encoding="utf-8")
-        args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt,
+        args = launcher.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt,
                                   ds_config=ds_config)
-        env = launch.worker_env({**os.environ, **(options.extra_env or {})}, staged)
+        env = launcher.worker_env({**os.environ, **(options.extra_env or {})}, staged)
         argv, node_list = nodes.launch_command(python, args, env, launch_dir=launch_dir, run_id=run_id,
                                                world_size=world_size, hosts=hosts, hostfile=options.hostfile,
                                                status=status)
         try:
             # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
-            outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged)
+            outcome = launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
             nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
-            logs = launch.read_rank_logs(out_dir, world_size)
+            logs = launcher.read_rank_logs(out_dir, world_size)
             finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
                         for name in names if all(name in log.results for log in logs.values())]
             raise _InterruptedGroup(finished) from None
         nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
-        logs = launch.read_rank_logs(out_dir, world_size)
+        logs = launcher.read_rank_logs(out_dir, world_size)
     results = []
     for name in names:
         per_rank = {rank: log.results[name] for rank, log in logs.items() if name in log.results}
@@ -169,7 +168,7 @@ def _any_failed(results: Sequence[CheckResult]) -> bool:
     return any(r.status == "fail" for r in results)
 
 
-def _why_missing(name: str, log: launch.RankLog, rank: int, outcome: launch.LaunchOutcome,
+def _why_missing(name: str, log: launcher.RankLog, rank: int, outcome: launcher.LaunchOutcome,
                  timeout_s: float) -> str:
     if outcome.timed_out:
         where = "while running it" if log.begun and log.begun[-1] == name else "before reaching it"

@@ -1,6 +1,6 @@
 """What a rank writes and how the tool reads it, and the test-only fault injection.
 
-Protocol (read by mlstack_ds/launch/process.py):
+Protocol (read by mlstack_ds/launch/launcher.py):
 - every rank appends JSON lines to `DIR/rank<R>.jsonl` as it goes: `{"event": "start", "check": ...}`
   before a check and `{"event": "result", ...}` after it, so a rank that hangs or dies still leaves
   the checks it finished and the one it was in;

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlstack_ds.launch.process import LaunchOutcome, RankLog
+from mlstack_ds.launch.launcher import LaunchOutcome, RankLog
 from mlstack_ds.verify.suite import _why_missing
 
 
