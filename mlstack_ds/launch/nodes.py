@@ -1,4 +1,4 @@
-"""Get every node of a hostfile ready for one verify launch through DeepSpeed's launcher, and clean up.
+"""Get every node of a hostfile ready for one launch of the worker through DeepSpeed's launcher, and clean up.
 
 DeepSpeed's pdsh launcher runs, on each node, `cd <this cwd>; <this python> -m deepspeed.launcher.launch
 ... --module mlstack_verify_worker --out <dir>`: the same paths everywhere. So before the launch each node
@@ -25,6 +25,7 @@ from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry, rank_layout
 from mlstack_ds.errors import EnvironmentProblem
 from mlstack_ds.launch import launcher
+from mlstack_ds.worker.protocol import RESULTS_GLOB
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # What the ranks need from this host's environment, by prefix: our own markers and test hooks, DeepSpeed's
@@ -132,7 +133,7 @@ def finish(nodes: Sequence[Node], run_id: str, launch_dir: Path, results_dir: Pa
         remote.kill_marked(node.host, run_id, env=env)
         if not node.shared:
             try:
-                remote.fetch_from(node.host, [results_dir / "rank*.jsonl"], results_dir, env=env)
+                remote.fetch_from(node.host, [results_dir / RESULTS_GLOB], results_dir, env=env)
                 remote.run_on(node.host, ["rm", "-rf", "--", launch_dir], env=env)
             except EnvironmentProblem:
                 return

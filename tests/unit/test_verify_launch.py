@@ -15,6 +15,8 @@ import pytest
 from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.errors import UsageError
 from mlstack_ds.launch import launcher
+from mlstack_ds.launch.session import read_records
+from mlstack_ds.verify.suite import rank_logs
 
 
 def test_torchrun_argv_uses_loopback_the_given_port_and_no_restarts() -> None:
@@ -104,7 +106,7 @@ def test_read_rank_logs_keeps_what_a_dead_rank_wrote(tmp_path: Path) -> None:
     lines = [{"event": "hello", "rank": 1}, {"event": "start", "check": "zero1"},
              {"event": "result", "check": "zero1", "status": "pass"}, {"event": "start", "check": "zero2"}]
     (tmp_path / "rank1.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{truncated")
-    logs = launcher.read_rank_logs(tmp_path, 2)
+    logs = rank_logs(read_records(tmp_path, 2), 2)
     assert not logs[0].started and logs[0].results == {}
     assert logs[1].started and logs[1].begun == ("zero1", "zero2") and list(logs[1].results) == ["zero1"]
 
@@ -113,7 +115,7 @@ def test_summary_from_rank0_fills_in_remote_ranks(tmp_path: Path) -> None:
     summary = {"ranks": {"0": [{"check": "zero1", "status": "pass"}],
                          "1": [{"check": "zero1", "status": "fail"}]}}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    logs = launcher.read_rank_logs(tmp_path, 2)
+    logs = rank_logs(read_records(tmp_path, 2), 2)
     assert logs[1].results["zero1"]["status"] == "fail"
 
 
