@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_nodes_not_started_are_not_asked_after_a_failure() -> None:
             asked.append(host)
         if host == "bug":
             raise ValueError(host)
-        time.sleep(0.2)
+        time.sleep(1.0)  # the first wave still runs when the failure is seen
         return host
 
     hosts = ["bug", *(f"n{i}" for i in range(remote.MAX_PARALLEL_NODES * 2))]
@@ -129,3 +130,27 @@ def test_a_probe_written_on_a_node(fake_ssh: Path) -> None:
     assert not probe.path.exists()
     assert remote.SharedFileProbe.on("near", fake_ssh / "missing", ".node-probe-") is None
     assert remote.SharedFileProbe.on("down", fake_ssh, ".node-probe-") is None
+
+
+def test_launch_preparation_asks_every_node_at_once_and_names_each_that_cannot_take_part(fake_ssh: Path) -> None:
+    from mlstack_ds.cluster.hostfile import HostEntry
+    from mlstack_ds.launch import nodes
+
+    (fake_ssh.parent / "bin" / "pdsh").write_text("#!/bin/sh\nexit 0\n")
+    (fake_ssh.parent / "bin" / "pdsh").chmod(0o755)
+    launch_dir = fake_ssh / "launch"
+    launch_dir.mkdir(parents=True)
+    lines: list[str] = []
+    ready = nodes.prepare([HostEntry("near", 2)], Path(sys.executable), launch_dir, status=lines.append)
+    assert ready == [nodes.Node("near", (0, 1), True)] and lines == ["near: reachable, ranks 0-1, shared file system"]
+
+    lines.clear()
+    with pytest.raises(EnvironmentProblem) as failed:
+        nodes.prepare([HostEntry("near", 1), HostEntry("down", 1), HostEntry("gone", 0)], Path(sys.executable),
+                      launch_dir, status=lines.append)
+    refused = "connect to host down port 22: Connection refused"
+    assert failed.value.message == f"node down is not reachable over ssh: {refused}"
+    assert sorted(lines) == ["down: " + failed.value.message, "near: reachable, ranks 0, shared file system"]
+    with pytest.raises(EnvironmentProblem, match="no interpreter at /nowhere/python"):
+        nodes.prepare([HostEntry("near", 1)], Path("/nowhere/python"), launch_dir)
+    assert list(launch_dir.iterdir()) == []  # the probe files are removed
