@@ -30,7 +30,7 @@ from typing import Any
 
 from _repo import REPO
 
-from mlstack_ds.launch import process as launch
+from mlstack_ds.launch import launcher
 
 NAIVE_STAGES = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload", "checkpoint")
 GOAL_S = 60.0
@@ -70,18 +70,18 @@ def run_suite(python: Path, *extra: str) -> dict[str, Any]:
 
 
 def run_naive(python: Path) -> dict[str, Any]:
-    launcher = python.parent / "deepspeed"
+    ds_launcher = python.parent / "deepspeed"
     stages: dict[str, Any] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-naive-") as tmp:
-        staged = launch.stage_worker(Path(tmp) / "code")
-        env = launch.worker_env({**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(tmp) / "torch_extensions"),
-                                 "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}, staged)
+        staged = launcher.stage_worker(Path(tmp) / "code")
+        env = launcher.worker_env({**os.environ, "TORCH_EXTENSIONS_DIR": str(Path(tmp) / "torch_extensions"),
+                                   "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}, staged)
         for port, stage in enumerate(NAIVE_STAGES, start=29611):
             out = Path(tmp) / stage
             stage_started = time.monotonic()
-            proc = subprocess.run([str(launcher), "--num_gpus", "2", "--master_port", str(port), "--module",
-                                   launch.WORKER_MODULE, "--checks", stage, "--out", str(out), "--allow-jit",
+            proc = subprocess.run([str(ds_launcher), "--num_gpus", "2", "--master_port", str(port), "--module",
+                                   launcher.WORKER_MODULE, "--checks", stage, "--out", str(out), "--allow-jit",
                                    "--timeout", "900"],
                                   capture_output=True, text=True, check=False, env=env, timeout=1800)
             statuses = []

@@ -1,7 +1,8 @@
 """Run a bench: one launch per world size and stage, each bounded in time, leaving nothing running.
 
-The launches are verify's (`verify/launch.py`: torchrun on one machine, DeepSpeed's launcher with a
-hostfile, the run-id marker and the sweep); the ranks run the worker package's `bench` entry in the
+The launches are the launch package's (`launch/session.py`: torchrun on one machine, DeepSpeed's launcher
+with a hostfile, the run-id marker and the sweep, the worker's result protocol), with the same checks
+before them as verify's (`launch/target.py`); the ranks run the worker package's `bench` entry in the
 target interpreter. One launch per stage, not one for all: a stage that runs out of memory ends its own
 launch (the launcher stops the other ranks) and the next stage starts clean, as the guide's "OOM"
 cells mean. Rank 0's progress file is read while a launch runs, so a long stage shows its steps.
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,12 +22,12 @@ from typing import Any
 from mlstack_ds.bench.spec import BenchSpec
 from mlstack_ds.cluster import hostfile
 from mlstack_ds.detect.environment import resolve_python
-from mlstack_ds.errors import EnvironmentProblem, Interrupted
-from mlstack_ds.launch import nodes
-from mlstack_ds.launch import process as launch
-from mlstack_ds.verify.suite import probe_target
+from mlstack_ds.errors import Interrupted
+from mlstack_ds.launch import launcher, target
+from mlstack_ds.launch.session import RankRecords, launch_workers
+from mlstack_ds.worker.protocol import PROGRESS_FILE
 
-BENCH_MODULE = f"{launch.WORKER_MODULE}.bench"
+BENCH_MODULE = f"{launcher.WORKER_MODULE}.bench"
 PROGRESS_EVERY_S = 2.0
 
 
@@ -50,16 +49,10 @@ def run_bench(spec: BenchSpec, python: Path, status: Callable[[str], None] = lam
               extra_env: Mapping[str, str] | None = None) -> tuple[list[StageRun], str]:
     """Every (world size, stage) in order; returns the runs and the target's platform (cpu, cuda)."""
     python = resolve_python(python)
-    probe = probe_target(python)
-    if probe.torch_version is None:
-        raise EnvironmentProblem(f"torch is not importable in {python}: {probe.error or 'not installed'}",
-                                 hint="install PyTorch there (and DeepSpeed with `mlstack-ds install`), or point "
-                                 "--python at the environment that has them")
+    target.refuse_world_size_with_hostfile(spec.world_sizes or None, spec.hostfile)
+    probe = target.require_torch(python)
     hosts = hostfile.parse_hostfile(spec.hostfile) if spec.hostfile else None
-    if hosts is not None and spec.hostfile is not None:
-        world_sizes: Sequence[int] = (hostfile.hostfile_world_size(spec.hostfile, hosts),)
-    else:
-        world_sizes = spec.world_sizes or ((probe.gpus if probe.gpus > 0 else 2),)
+    world_sizes = target.world_sizes(probe, spec.world_sizes or (), spec.hostfile, hosts)
     platform = "cpu" if probe.gpus == 0 else "gpu"
     runs: list[StageRun] = []
     total = len(world_sizes) * len(spec.stages)
@@ -112,41 +105,27 @@ def worker_args(spec: BenchSpec, stage: str, out_dir: Path, run_id: str) -> list
 def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *,
                hosts: Sequence[hostfile.HostEntry] | None, status: Callable[[str], None],
                extra_env: Mapping[str, str]) -> StageRun:
-    run_id = launch.new_run_id()
-    with tempfile.TemporaryDirectory(prefix="mlstack-bench-") as tmp:
-        launch_dir = Path(tmp)
-        out_dir = launch_dir / "results"
-        out_dir.mkdir()
-        staged = launch.stage_worker(launch_dir / "code")
-        args = worker_args(spec, stage, out_dir, run_id)
-        env = launch.worker_env({**os.environ, **extra_env}, staged)
-        argv, node_list = nodes.launch_command(python, args, env, launch_dir=launch_dir, run_id=run_id,
-                                               world_size=world_size, hosts=hosts, hostfile=spec.hostfile,
-                                               status=status)
-        watcher = ProgressWatcher(out_dir / "progress.jsonl", stage, status)
-        watcher.start()
-        try:
-            outcome = launch.run_launch(argv, timeout_s=spec.timeout_s, run_id=run_id, env=env, cwd=staged)
-        finally:
-            watcher.stop()
-            nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
-        ranks = read_ranks(out_dir, world_size)
-    verdict, reason = judge(ranks, world_size, outcome, spec.timeout_s)
-    return StageRun(world_size, stage, verdict, reason, ranks, round(outcome.duration_s, 3), tuple(argv),
-                    tuple(n.to_json() for n in node_list))
+    launched = launch_workers(
+        python, lambda dirs: worker_args(spec, stage, dirs.results, dirs.run_id), world_size=world_size,
+        hosts=hosts, hostfile=spec.hostfile, timeout_s=spec.timeout_s, extra_env=extra_env, status=status,
+        prefix="mlstack-bench-", watch=lambda results: ProgressWatcher(results / PROGRESS_FILE, stage, status))
+    ranks = read_ranks(launched.records)
+    verdict, reason = judge(ranks, world_size, launched.outcome, spec.timeout_s)
+    return StageRun(world_size, stage, verdict, reason, ranks, round(launched.outcome.duration_s, 3), launched.argv,
+                    tuple(n.to_json() for n in launched.nodes))
 
 
-def read_ranks(out_dir: Path, world_size: int) -> dict[int, dict[str, Any]]:
-    """Each rank's one-line record (`rank<N>.jsonl`, the name verify's node copy-back fetches)."""
+def read_ranks(records: RankRecords) -> dict[int, dict[str, Any]]:
+    """Each rank's `bench` record (its last one); a rank that wrote none is missing."""
     ranks: dict[int, dict[str, Any]] = {}
-    for rank in range(world_size):
-        path = out_dir / f"rank{rank}.jsonl"
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ranks[rank] = json.loads(path.read_text(encoding="utf-8").splitlines()[-1])
+    for rank, written in records.ranks.items():
+        found = [r for r in written if r.get("event") == "bench"]
+        if found:
+            ranks[rank] = dict(found[-1])
     return ranks
 
 
-def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: launch.LaunchOutcome,
+def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: launcher.LaunchOutcome,
           timeout_s: float) -> tuple[str, str]:
     """ok when every rank finished; oom when any rank ran out of memory (the launcher then stops the
     others, which write nothing); failed otherwise, with the first reason a rank gave or the launch's."""
@@ -188,6 +167,13 @@ class ProgressWatcher:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def __enter__(self) -> ProgressWatcher:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
 
     def _loop(self) -> None:
         while not self._stop.wait(0.5):

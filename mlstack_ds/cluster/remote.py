@@ -11,6 +11,7 @@ Remote commands are argv lists joined with `shlex.join` (ssh hands the remote sh
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -134,3 +135,55 @@ def sees_same_file(host: str, path: Path, content: str, *, env: Mapping[str, str
     if gone is not None:
         raise gone.error()
     return result.ok and result.stdout == content
+
+
+@dataclass(frozen=True)
+class SharedFileProbe:
+    """The one shared-file-system probe: a file of random content that one machine writes (this host or a
+    node); a host that reads the same content at the same path shares that file system with the writer.
+
+    Why not compare paths or mount tables: an NFS home, a cluster file system and a bind mount all look
+    different there; reading back what was just written is the one answer that is always right."""
+
+    path: Path
+    content: str
+    writer: str | None = None  # the node that wrote it; None: this host
+
+    @classmethod
+    def here(cls, directory: Path, prefix: str) -> SharedFileProbe:
+        """Write a probe into `directory` on this host (created if missing)."""
+        probe = cls._new(directory, prefix)
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.path.write_text(probe.content)
+        return probe
+
+    @classmethod
+    def on(cls, host: str, directory: Path, prefix: str, *, env: Mapping[str, str] | None = None
+           ) -> SharedFileProbe | None:
+        """Write a probe into `directory` on `host`; None when it cannot write there."""
+        probe = cls._new(directory, prefix, host)
+        wrote = run_on(host, ["sh", "-c", 'cat > "$1"', "sh", probe.path], input_text=probe.content, env=env).ok
+        return probe if wrote else None
+
+    @classmethod
+    def _new(cls, directory: Path, prefix: str, writer: str | None = None) -> SharedFileProbe:
+        content = secrets.token_hex(16)
+        return cls(directory / f"{prefix}{content[:12]}", content, writer)
+
+    def seen_by(self, host: str, *, env: Mapping[str, str] | None = None) -> bool:
+        """Does `host` read this probe (one ssh round trip)? EnvironmentProblem when it is unreachable."""
+        return sees_same_file(host, self.path, self.content, env=env)
+
+    def matches(self, read: str) -> bool:
+        """Is `read` (the file as a node printed it, in a round trip of the caller's) this probe's content?"""
+        return read == self.content
+
+    def remove(self, *, env: Mapping[str, str] | None = None) -> None:
+        """Best effort: a node that went away keeps its probe file."""
+        if self.writer is None:
+            self.path.unlink(missing_ok=True)
+            return
+        try:
+            run_on(self.writer, ["rm", "-f", "--", self.path], env=env)
+        except EnvironmentProblem:
+            return

@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlstack_ds import runner
+from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.nodeprobe import IFNAME_VARIABLES, NodeFacts, probe_node
-from mlstack_ds.cluster.remote import MAX_PARALLEL_NODES
 from mlstack_ds.doctor.cluster_input import ClusterInput
 from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
@@ -78,18 +77,8 @@ def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, to
     def probe(host: str) -> NodeFacts:
         return probe_node(host, python, tool, env=env)
 
-    done: dict[str, NodeFacts] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL_NODES, len(names)))) as pool:
-        futures = [pool.submit(probe, name) for name in names]
-        try:
-            for future in as_completed(futures):  # a status line as each node answers, slow ones last
-                node = future.result()
-                status(node_status(node, python))
-                done[node.host] = node
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)  # nodes not asked yet are not asked
-            raise
-    nodes = [done[name] for name in names]
+    # a status line as each node answers, slow ones last; the facts in hostfile order
+    nodes = on_each(names, probe, done=lambda _host, node: status(node_status(node, python)))
     pdsh = runner.which("pdsh", path=environ.get("PATH"))
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=str(pdsh) if pdsh else None,
                        head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)})

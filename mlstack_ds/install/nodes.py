@@ -16,9 +16,7 @@ and compiling on every node would take as long per node as here and could give d
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 from mlstack_ds import gfx, runner
 from mlstack_ds.build.wheel import BuildProgress
 from mlstack_ds.cluster import remote
+from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.cluster.tool import ToolRun, check_tool, run_tool
 from mlstack_ds.console import Output
@@ -72,8 +71,7 @@ class NodeGroup:
     """Nodes that see one target environment: the first installs, the others share its result."""
 
     leader: NodeFacts
-    token_path: Path | None  # a file the leader wrote into the environment, to recognise the others
-    token: str
+    probe: remote.SharedFileProbe | None  # a file the leader wrote into the environment, to recognise the others
     members: list[str] = field(default_factory=list)
 
 
@@ -134,16 +132,14 @@ def group_by_environment(facts: Sequence[NodeFacts], status: Callable[[str], Non
     groups: list[NodeGroup] = []
     try:
         for node in facts:
-            group = next((g for g in groups if g.token_path is not None and g.leader.prefix == node.prefix
-                          and remote.sees_same_file(node.host, g.token_path, g.token)), None)
+            group = next((g for g in groups if g.probe is not None and g.leader.prefix == node.prefix
+                          and g.probe.seen_by(node.host)), None)
             if group is not None:
                 group.members.append(node.host)
                 status(f"{node.host}: shares the target environment with {group.leader.host}")
                 continue
-            token = secrets.token_hex(16)
-            path = Path(node.prefix) / f".mlstack-ds-node-probe-{token[:12]}"
-            wrote = remote.run_on(node.host, ["sh", "-c", 'cat > "$1"', "sh", path], input_text=token).ok
-            groups.append(NodeGroup(node, path if wrote else None, token))
+            groups.append(NodeGroup(node, remote.SharedFileProbe.on(node.host, Path(node.prefix),
+                                                                    ".mlstack-ds-node-probe-")))
     except BaseException:
         remove_probes(groups)
         raise
@@ -152,32 +148,26 @@ def group_by_environment(facts: Sequence[NodeFacts], status: Callable[[str], Non
 
 def remove_probes(groups: Sequence[NodeGroup]) -> None:
     for group in groups:
-        if group.token_path is not None:
-            try:
-                remote.run_on(group.leader.host, ["rm", "-f", "--", group.token_path])
-            except EnvironmentProblem:
-                continue
+        if group.probe is not None:
+            group.probe.remove()
 
 
 def ensure_cached(host: str, wheel: Path, cache_root: Path) -> str:
     """Make the cache entry holding `wheel` (its directory: the wheel and build.json) exist at the same
     path on `host`: "shared" (the node sees this cache), "present" (it has the same wheel) or "copied"
     (scp into the cache's tmp/, then renamed into place, so a cut copy is never a valid entry)."""
-    token = secrets.token_hex(16)
-    probe = cache_root / "tmp" / f"node-probe-{token[:12]}"
-    probe.parent.mkdir(parents=True, exist_ok=True)
-    probe.write_text(token)
+    probe = remote.SharedFileProbe.here(cache_root / "tmp", "node-probe-")
     try:
-        if remote.sees_same_file(host, probe, token):
+        if probe.seen_by(host):
             return "shared"
     finally:
-        probe.unlink(missing_ok=True)
+        probe.remove()
     digest = sha256_of(wheel)
     there = remote.run_on(host, ["sha256sum", wheel])
     if there.ok and there.stdout.split()[:1] == [digest]:
         return "present"
     entry = wheel.parent
-    incoming = cache_root / "tmp" / f"incoming-{token[:12]}"
+    incoming = cache_root / "tmp" / f"incoming-{probe.content[:12]}"
     remote.copy_to(host, entry, incoming)
     moved = remote.run_on(host, ["sh", "-c", 'mkdir -p "$(dirname "$2")" && rm -rf -- "$2" && mv -- "$1" "$2" '
                                  '&& rmdir -- "$3"', "sh", incoming / entry.name, entry, incoming])
@@ -271,17 +261,16 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     hosts = parse_hostfile(hostfile)
     require_ssh(hosts)
     results = {h.host: NodeResult(h.host) for h in hosts}
-    facts: list[NodeFacts] = []
-    # all nodes at once (each check is a few ssh round trips and a detect there); read in hostfile order, so
-    # the first node that cannot take part is the one named, and its line comes after its predecessors'
-    with ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL_NODES, len(hosts))) as pool:
-        checks = {entry.host: pool.submit(node_facts, entry.host, python) for entry in hosts}
-        for entry in hosts:
-            found = checks[entry.host].result()
-            facts.append(found)
-            results[entry.host].action = "checked"
-            output.status(f"{entry.host}: ready ({found.platform}"
-                          + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
+
+    def ready(host: str, found: NodeFacts) -> None:
+        results[host].action = "checked"
+        output.status(f"{host}: ready ({found.platform}"
+                      + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
+
+    # all nodes at once (each check is a few ssh round trips and a detect there); reported in hostfile order,
+    # so the first node that cannot take part is the one named, and its line comes after its predecessors'
+    facts: list[NodeFacts] = on_each([h.host for h in hosts], lambda host: node_facts(host, python),
+                                     done=ready, in_order=True)
     archs = union_archs({f.host: f.archs for f in facts}) if request.archs is None else ()
     effective = replace(request, archs=",".join(archs)) if archs else request
     prepared = prepare(effective)

@@ -1,4 +1,4 @@
-"""Get every node of a hostfile ready for one verify launch through DeepSpeed's launcher, and clean up.
+"""Get every node of a hostfile ready for one launch of the worker through DeepSpeed's launcher, and clean up.
 
 DeepSpeed's pdsh launcher runs, on each node, `cd <this cwd>; <this python> -m deepspeed.launcher.launch
 ... --module mlstack_verify_worker --out <dir>`: the same paths everywhere. So before the launch each node
@@ -15,24 +15,23 @@ those in a `.deepspeed_env` file; `DS_ENV_FILE` names ours, which carries the us
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.cluster import remote
+from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry, rank_layout
 from mlstack_ds.errors import EnvironmentProblem
-from mlstack_ds.launch import process
+from mlstack_ds.launch import launcher
+from mlstack_ds.worker.protocol import RESULTS_GLOB
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # What the ranks need from this host's environment, by prefix: our own markers and test hooks, DeepSpeed's
 # accelerator choice, the interface and transport settings of gloo/NCCL/RCCL, and ROCm's device selection.
 FORWARDED_PREFIXES = ("MLSTACK_", "DS_ACCELERATOR", "GLOO_", "NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_",
                       "OMP_", "TORCH_")
-MAX_PARALLEL_NODES = remote.MAX_PARALLEL_NODES
 DEFAULT_ENV_FILE_NAME = ".deepspeed_env"  # DeepSpeed's default, looked up in $HOME and the working directory
 
 
@@ -53,10 +52,10 @@ def launch_command(python: Path, args: Sequence[str], env: dict[str, str], *, la
     machine, or, with a hostfile, DeepSpeed's launcher over `hosts`, after the ranks' env file is written
     into `launch_dir` (`env` then names it) and every node is checked and given the launch directory."""
     if hosts is None or hostfile is None:
-        return process.torchrun_argv(python, world_size, process.free_port(), args), []
-    argv = process.deepspeed_argv(python, hostfile, hosts, process.free_port(), args)
+        return launcher.torchrun_argv(python, world_size, launcher.free_port(), args), []
+    argv = launcher.deepspeed_argv(python, hostfile, hosts, launcher.free_port(), args)
     env_file = write_env_file(launch_dir / "deepspeed_env",
-                              {**env, process.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
+                              {**env, launcher.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"})
     env[ENV_FILE_VARIABLE] = str(env_file)
     return argv, prepare(hosts, python, launch_dir, env=env, status=status)
 
@@ -66,42 +65,34 @@ def prepare(hosts: Sequence[HostEntry], python: Path, launch_dir: Path, *,
     """Check every node with ranks and make `launch_dir` exist on it; one status line per node.
 
     One ssh round trip per node for the checks (plus the copy where needed), all nodes at once (up to
-    MAX_PARALLEL_NODES): the cost of a large hostfile is then a few round trips, not one per node and check.
+    cluster.fanout): the cost of a large hostfile is then a few round trips, not one per node and check.
     Raises EnvironmentProblem naming every node that cannot take part; nothing has run anywhere then."""
     if runner.which("pdsh", path=(env or {}).get("PATH")) is None:
         raise EnvironmentProblem("pdsh is not installed on this host; DeepSpeed's launcher starts the other "
                                  "nodes' ranks through it",
                                  hint="install it (Debian/Ubuntu: apt-get install pdsh; RHEL: dnf install pdsh)")
-    token_file = launch_dir / "shared-file-system-probe"
-    token = secrets.token_hex(16)
-    token_file.write_text(token)
+    probe = remote.SharedFileProbe.here(launch_dir, "shared-file-system-probe-")
     layout = rank_layout(hosts)
-    ready: dict[str, Node] = {}
-    problems: dict[str, EnvironmentProblem] = {}
 
     def one(host: str) -> Node:
-        node = Node(host, tuple(layout[host]), _check_node(host, python, token_file, token, env))
+        node = Node(host, tuple(layout[host]), _check_node(host, python, probe, env))
         if not node.shared:
             remote.copy_to(host, launch_dir, launch_dir.parent, env=env)
         return node
 
+    def report(host: str, answer: Node | EnvironmentProblem) -> None:
+        if isinstance(answer, EnvironmentProblem):
+            status(f"{host}: {answer.message}")
+        else:
+            status(f"{host}: reachable, ranks {_ranks_text(answer.ranks)}, "
+                   f"{'shared file system' if answer.shared else 'launch files copied with scp'}")
+
     try:
-        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_NODES, len(layout))) as pool:
-            futures = {pool.submit(one, host): host for host in layout}
-            for future in as_completed(futures):
-                host = futures[future]
-                try:
-                    ready[host] = future.result()
-                except EnvironmentProblem as exc:
-                    problems[host] = exc
-                    status(f"{host}: {exc.message}")
-                    continue
-                node = ready[host]
-                status(f"{host}: reachable, ranks {_ranks_text(node.ranks)}, "
-                       f"{'shared file system' if node.shared else 'launch files copied with scp'}")
+        answers = dict(zip(layout, on_each(list(layout), one, catch=EnvironmentProblem, done=report), strict=True))
     finally:
-        token_file.unlink(missing_ok=True)
-    nodes = [ready[host] for host in layout if host in ready]
+        probe.remove()
+    nodes = [a for a in answers.values() if isinstance(a, Node)]
+    problems = {h: a for h, a in answers.items() if isinstance(a, EnvironmentProblem)}
     if problems:
         cleanup(nodes, "", launch_dir, env=env)
         first = next(problems[h] for h in layout if h in problems)
@@ -112,9 +103,10 @@ def prepare(hosts: Sequence[HostEntry], python: Path, launch_dir: Path, *,
     return nodes
 
 
-def _check_node(host: str, python: Path, token_file: Path, token: str, env: Mapping[str, str] | None) -> bool:
-    """Reachable, the interpreter there; returns whether the node shares `token_file`'s file system."""
-    answer = remote.run_on(host, ["sh", "-c", _CHECK_SCRIPT, "sh", python, token_file], env=env)
+def _check_node(host: str, python: Path, probe: remote.SharedFileProbe, env: Mapping[str, str] | None) -> bool:
+    """Reachable, the interpreter there; returns whether the node shares `probe`'s file system (one round
+    trip for both)."""
+    answer = remote.run_on(host, ["sh", "-c", _CHECK_SCRIPT, "sh", python, probe.path], env=env)
     gone = remote.unreachable(answer, host)
     if gone is not None:
         raise gone.error()
@@ -123,7 +115,8 @@ def _check_node(host: str, python: Path, token_file: Path, token: str, env: Mapp
             f"node {host} has no interpreter at {python}",
             hint="DeepSpeed's launcher starts the same path on every node: create the environment there at that "
             "path (a shared file system does it once)")
-    return f"token={token}" in answer.stdout.splitlines()
+    lines = answer.stdout.splitlines()
+    return any(probe.matches(line.removeprefix("token=")) for line in lines if line.startswith("token="))
 
 
 # $1: the interpreter, $2: the file this host just wrote (its content is on the node only if shared)
@@ -140,12 +133,12 @@ def finish(nodes: Sequence[Node], run_id: str, launch_dir: Path, results_dir: Pa
         remote.kill_marked(node.host, run_id, env=env)
         if not node.shared:
             try:
-                remote.fetch_from(node.host, [results_dir / "rank*.jsonl"], results_dir, env=env)
+                remote.fetch_from(node.host, [results_dir / RESULTS_GLOB], results_dir, env=env)
                 remote.run_on(node.host, ["rm", "-rf", "--", launch_dir], env=env)
             except EnvironmentProblem:
                 return
 
-    _on_each(nodes, one)
+    on_each(nodes, one)
 
 
 def cleanup(nodes: Sequence[Node], run_id: str, launch_dir: Path, *, env: Mapping[str, str] | None = None) -> None:
@@ -161,13 +154,7 @@ def cleanup(nodes: Sequence[Node], run_id: str, launch_dir: Path, *, env: Mappin
             except EnvironmentProblem:
                 return
 
-    _on_each(nodes, one)
-
-
-def _on_each(nodes: Sequence[Node], action: Callable[[Node], None]) -> None:
-    if nodes:
-        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_NODES, len(nodes))) as pool:
-            list(pool.map(action, nodes))
+    on_each(nodes, one)
 
 
 def write_env_file(path: Path, env: Mapping[str, str], *, home: Path | None = None, cwd: Path | None = None) -> Path:

@@ -7,28 +7,26 @@ that died, a launcher that never started the ranks).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from mlstack_ds.cluster import hostfile
-from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
-from mlstack_ds.errors import EnvironmentProblem, Interrupted, UsageError
-from mlstack_ds.launch import nodes
-from mlstack_ds.launch import process as launch
+from mlstack_ds.errors import Interrupted, UsageError
+from mlstack_ds.launch import launcher, target
+from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
 
 DEFAULT_TIMEOUT_S = 300.0
 CONFIG_CHECK = "config"  # opt-in: runs with `--config FILE` (and only it, unless --only names more)
-PROBE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -46,23 +44,6 @@ class VerifyOptions:
     ds_config: Mapping[str, object] | None = None  # `--config`: the user's config, already parsed by DeepSpeed
 
 
-@dataclass(frozen=True)
-class TargetProbe:
-    torch_version: str | None
-    gpus: int
-    error: str
-
-
-def probe_target(python: Path, known: TargetFacts | None = None) -> TargetProbe:
-    """Is torch importable in `python`, and how many GPUs does it see? From `known` when the caller
-    already asked this interpreter with torch's part (install: detect's probe), else from a new probe."""
-    facts = known if known is not None and known.torch_probed else target_probe.probe_target(
-        python, timeout=PROBE_TIMEOUT_S)
-    if facts.torch is None:
-        return TargetProbe(None, 0, facts.torch_error or facts.problem or "")
-    return TargetProbe(facts.torch.version, facts.torch.device_count, "")
-
-
 def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m: None) -> VerifyReport:
     started = time.monotonic()
     python = resolve_python(options.python)
@@ -70,9 +51,7 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         raise UsageError(f"--timeout {options.timeout_s:g}: must be a positive number of seconds", hint="e.g. 300")
     if options.world_size is not None and options.world_size < 1:
         raise UsageError(f"--world-size {options.world_size}: must be at least 1", hint="e.g. 2")
-    if options.hostfile is not None and options.world_size is not None:
-        raise UsageError("--world-size cannot be combined with --hostfile",
-                         hint="the hostfile's slots=N entries decide how many ranks run on each node")
+    target.refuse_world_size_with_hostfile(options.world_size, options.hostfile)
     specs = select_checks(options.only if options.only or options.ds_config is None else CONFIG_CHECK, options.skip)
     if any(s.name == CONFIG_CHECK for s in specs) and options.ds_config is None:
         raise UsageError(f"the {CONFIG_CHECK} check needs --config FILE", hint="e.g. verify --config ds_config.json")
@@ -80,16 +59,9 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         specs = (*specs, *select_checks(CONFIG_CHECK))
     hosts = hostfile.parse_hostfile(options.hostfile) if options.hostfile else None
 
-    probe = probe_target(python, options.target)
-    if probe.torch_version is None:  # nothing can be checked: the environment is the problem, not a check
-        raise EnvironmentProblem(f"torch is not importable in {python}: {probe.error or 'not installed'}",
-                                 hint="install PyTorch there (and DeepSpeed with `mlstack-ds install`), "
-                                 "or point --python at the environment that has them")
-
-    if hosts is not None and options.hostfile is not None:
-        world_size = hostfile.hostfile_world_size(options.hostfile, hosts)
-    else:
-        world_size = options.world_size or (probe.gpus if probe.gpus > 0 else 2)
+    probe = target.require_torch(python, options.target)
+    (world_size,) = target.world_sizes(probe, (options.world_size,) if options.world_size else (),
+                                       options.hostfile, hosts)
     deadline = started + options.timeout_s
     results: list[CheckResult] = []
     launches: list[LaunchRecord] = []
@@ -118,43 +90,67 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
                hosts: Sequence[hostfile.HostEntry] | None, options: VerifyOptions, timeout_s: float,
                status: Callable[[str], None]) -> tuple[list[CheckResult], LaunchRecord]:
     names = [s.name for s in group]
-    run_id = launch.new_run_id()
-    with tempfile.TemporaryDirectory(prefix="mlstack-verify-") as tmp:
-        launch_dir = Path(tmp)
-        out_dir = launch_dir / "results"
-        out_dir.mkdir()
-        staged = launch.stage_worker(launch_dir / "code")
+
+    def worker_args(dirs: LaunchDirs) -> list[str]:
         ds_config = None
         if options.ds_config is not None:
-            ds_config = launch_dir / "ds_config.json"  # inside launch_dir: copied to nodes that need it
+            ds_config = dirs.root / "ds_config.json"  # inside the launch directory: copied to nodes that need it
             ds_config.write_text(json.dumps(options.ds_config), encoding="utf-8")
-        args = launch.worker_args(names, out_dir, options.timeout_s, run_id, options.receipt,
-                                  ds_config=ds_config)
-        env = launch.worker_env({**os.environ, **(options.extra_env or {})}, staged)
-        argv, node_list = nodes.launch_command(python, args, env, launch_dir=launch_dir, run_id=run_id,
-                                               world_size=world_size, hosts=hosts, hostfile=options.hostfile,
-                                               status=status)
-        try:
-            # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
-            outcome = launch.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
-            nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
-            logs = launch.read_rank_logs(out_dir, world_size)
-            finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
-                        for name in names if all(name in log.results for log in logs.values())]
-            raise _InterruptedGroup(finished) from None
-        nodes.finish(node_list, run_id, launch_dir, out_dir, env=env)
-        logs = launch.read_rank_logs(out_dir, world_size)
+        return launcher.worker_args(names, dirs.results, options.timeout_s, dirs.run_id, options.receipt,
+                                    ds_config=ds_config)
+
+    try:
+        launched = launch_workers(python, worker_args, world_size=world_size, hosts=hosts,
+                                  hostfile=options.hostfile, timeout_s=timeout_s, extra_env=options.extra_env,
+                                  status=status, prefix="mlstack-verify-")
+    except LaunchInterrupted as stopped:  # keep the checks every rank had finished
+        logs = rank_logs(stopped.records, world_size)
+        finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
+                    for name in names if all(name in log.results for log in logs.values())]
+        raise _InterruptedGroup(finished) from None
+    outcome = launched.outcome
+    logs = rank_logs(launched.records, world_size)
     results = []
     for name in names:
         per_rank = {rank: log.results[name] for rank, log in logs.items() if name in log.results}
         missing = {rank: _why_missing(name, log, rank, outcome, options.timeout_s)
                    for rank, log in logs.items() if name not in log.results}
         results.append(merge_check(name, per_rank, world_size, missing))
-    record = LaunchRecord(tuple(argv), tuple(names), outcome.returncode, round(outcome.duration_s, 3),
+    record = LaunchRecord(launched.argv, tuple(names), outcome.returncode, round(outcome.duration_s, 3),
                           outcome.timed_out, outcome.log_tail if _any_failed(results) else "",
-                          tuple(n.to_json() for n in node_list))
+                          tuple(n.to_json() for n in launched.nodes))
     return results, record
+
+
+@dataclass(frozen=True)
+class RankLog:
+    """What one rank wrote: whether it started, the checks it began, its results by check."""
+
+    started: bool
+    begun: tuple[str, ...]
+    results: Mapping[str, Mapping[str, Any]]
+
+
+def rank_logs(records: RankRecords, world_size: int) -> dict[int, RankLog]:
+    """Each rank's check events, overlaid by rank 0's gathered summary (which covers remote nodes)."""
+    logs: dict[int, RankLog] = {}
+    for rank in range(world_size):
+        started, begun, results = False, [], {}
+        for record in records.ranks.get(rank, ()):
+            event = record.get("event")
+            started = started or event == "hello"
+            if event == "start" and "check" in record:
+                begun.append(record["check"])
+            elif event == "result" and "check" in record:
+                results[record["check"]] = record
+        logs[rank] = RankLog(started, tuple(begun), results)
+    with contextlib.suppress(ValueError):  # a summary of another shape: the ranks' own files stand
+        for rank_text, gathered in (records.summary or {}).get("ranks", {}).items():
+            rank = int(rank_text)
+            if rank < world_size and not logs[rank].results:
+                by_check = {r["check"]: r for r in gathered}
+                logs[rank] = RankLog(True, tuple(by_check), by_check)
+    return logs
 
 
 class _InterruptedGroup(Exception):
@@ -169,7 +165,7 @@ def _any_failed(results: Sequence[CheckResult]) -> bool:
     return any(r.status == "fail" for r in results)
 
 
-def _why_missing(name: str, log: launch.RankLog, rank: int, outcome: launch.LaunchOutcome,
+def _why_missing(name: str, log: RankLog, rank: int, outcome: launcher.LaunchOutcome,
                  timeout_s: float) -> str:
     if outcome.timed_out:
         where = "while running it" if log.begun and log.begun[-1] == name else "before reaching it"

@@ -16,7 +16,16 @@ import traceback
 from pathlib import Path
 
 from .context import Context, accelerator, import_targets, init_distributed
-from .protocol import PROTOCOL_VERSION, CheckFailed, ResultLog, SkipCheck, die_with_parent, fire_fault, parse_fault
+from .protocol import (
+    PROTOCOL_VERSION,
+    SUMMARY_FILE,
+    CheckFailed,
+    ResultLog,
+    SkipCheck,
+    die_with_parent,
+    fire_fault,
+    parse_fault,
+)
 from .registry import all_checks, by_name
 
 
@@ -69,9 +78,9 @@ def write_summary(ctx, log):
     if ctx.rank == 0:
         summary = {"protocol": PROTOCOL_VERSION, "world_size": ctx.world_size,
                    "ranks": {str(r): recs for r, recs in enumerate(gathered)}}
-        tmp = ctx.out_dir / "summary.json.tmp"
+        tmp = ctx.out_dir / f"{SUMMARY_FILE}.tmp"
         tmp.write_text(json.dumps(summary, default=str), encoding="utf-8")
-        tmp.replace(ctx.out_dir / "summary.json")
+        tmp.replace(ctx.out_dir / SUMMARY_FILE)
 
 
 def parse_args(argv):

@@ -3,8 +3,8 @@
 Times training steps of a GPT-like model (training.build_model at the given shape) on synthetic tokens
 under plain DistributedDataParallel (`--stage ddp`) or a DeepSpeed ZeRO stage, after warm-up steps that
 are not timed. Prebuilt ops only: a JIT compile raises (context.refuse_jit) and fails the run. Running
-out of memory is a result ("oom"), not a failure: every rank writes what it saw as one line in `rank<N>.jsonl`, and
-rank 0 appends progress lines (step, elapsed) to `progress.jsonl` for the tool to show.
+out of memory is a result ("oom"), not a failure: every rank writes what it saw as one `bench` record in the
+protocol's result file, and rank 0 appends progress lines (step, elapsed) to `progress.jsonl` for the tool to show.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .context import Context, accelerator, import_targets, init_distributed
-from .protocol import JitBuildRefused, die_with_parent
+from .protocol import PROGRESS_FILE, JitBuildRefused, ResultLog, die_with_parent
 from .training import build_model
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
@@ -128,7 +128,7 @@ class Progress:
     """Rank 0's progress lines for the tool; the other ranks stay quiet."""
 
     def __init__(self, out_dir, rank, stage):
-        self.path = Path(out_dir) / "progress.jsonl" if rank == 0 else None
+        self.path = Path(out_dir) / PROGRESS_FILE if rank == 0 else None
         self.stage = stage
         self.started = time.monotonic()
 
@@ -252,8 +252,7 @@ def main(argv=None):
         result.update(status="oom" if oom else "error", reason=f"{type(exc).__name__}: {exc}".strip()[:2000])
         code = 3 if oom else 4
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    (out_dir / f"rank{rank}.jsonl.tmp").write_text(json.dumps(result) + "\n", encoding="utf-8")
-    (out_dir / f"rank{rank}.jsonl.tmp").replace(out_dir / f"rank{rank}.jsonl")
+    ResultLog(out_dir, rank).write({"event": "bench", **result})
     progress.write("end")
     if code == 0 and ctx.torch is not None and ctx.torch.distributed.is_initialized():
         with contextlib.suppress(Exception):

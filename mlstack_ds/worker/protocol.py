@@ -1,11 +1,14 @@
 """What a rank writes and how the tool reads it, and the test-only fault injection.
 
-Protocol (read by mlstack_ds/launch/process.py):
-- every rank appends JSON lines to `DIR/rank<R>.jsonl` as it goes: `{"event": "start", "check": ...}`
-  before a check and `{"event": "result", ...}` after it, so a rank that hangs or dies still leaves
-  the checks it finished and the one it was in;
-- at the end rank 0 gathers every rank's results (through torch.distributed, so remote nodes count
-  too) into `DIR/summary.json`.
+One result protocol for every entry of the worker (the check suite and bench), read by the tool through
+this module (mlstack_ds/launch/session.py imports it; it needs nothing beyond the standard library):
+- every rank appends JSON lines to `DIR/rank<R>.jsonl` (`ResultLog`), each with an `event`; the checks
+  write `{"event": "start", "check": ...}` before a check and `{"event": "result", ...}` after it, so a
+  rank that hangs or dies still leaves the checks it finished and the one it was in; bench writes one
+  `{"event": "bench", ...}` line with its measurements or why it stopped;
+- at the end of the checks rank 0 gathers every rank's results (through torch.distributed, so remote
+  nodes count too) into `DIR/summary.json`; bench's rank 0 appends its steps to `DIR/progress.jsonl`.
+Nodes that do not share the head's file system are fetched `RESULTS_GLOB` back after a launch.
 
 Fault injection for tests of the absent-failure paths (a real hang or crash cannot be provoked on a
 healthy install): `MLSTACK_VERIFY_TEST_FAULT=hang:rank1` or `crash:rank1`, optionally `:<check>` to
@@ -27,6 +30,36 @@ from pathlib import Path
 from typing import Any
 
 PROTOCOL_VERSION = 1
+RESULTS_GLOB = "rank*.jsonl"
+SUMMARY_FILE = "summary.json"
+PROGRESS_FILE = "progress.jsonl"
+
+
+def rank_file(out_dir, rank):
+    return Path(out_dir) / f"rank{rank}.jsonl"
+
+
+def read_rank_file(out_dir, rank):
+    """Every whole record one rank wrote, in order (none when it wrote nothing; a line cut off by its death
+    is left out)."""
+    path = rank_file(out_dir, rank)
+    records = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    records.append(record)
+    return records
+
+
+def read_summary(out_dir):
+    """Rank 0's gathered results (`summary.json`), or None when it wrote none."""
+    path = Path(out_dir) / SUMMARY_FILE
+    with contextlib.suppress(ValueError, OSError):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        return summary if isinstance(summary, dict) else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,7 +99,7 @@ class ResultLog:
     """Append-only JSON lines for one rank: survives a hang or crash of this process."""
 
     def __init__(self, out_dir, rank):
-        self.path = Path(out_dir) / f"rank{rank}.jsonl"
+        self.path = rank_file(out_dir, rank)
         self.records = []
 
     def write(self, record):

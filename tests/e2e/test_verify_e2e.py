@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from support.cli import CliResult, run_cli, start_cli
 
-from mlstack_ds.launch import process as launch
+from mlstack_ds.launch import launcher
 from mlstack_ds.verify.suite import VerifyOptions
 from mlstack_ds.verify.suite import run_verify as run_suite
 from mlstack_ds.worker import hf_checks
@@ -105,12 +105,12 @@ def test_full_suite_on_two_cpu_ranks(target_venv, install_verify_report) -> None
 def test_hf_trainers_leave_nothing_behind_for_later_checks(target_venv, tmp_path: Path) -> None:
     """Two Trainer checks in one process, then a DeepSpeed engine of the suite's own: all pass."""
     order = ["hf_trainer", "hf_trainer", "zero3"]
-    staged = launch.stage_worker(tmp_path / "code")
-    run_id = launch.new_run_id()
-    argv = launch.torchrun_argv(target_venv.python, 2, launch.free_port(),
-                                launch.worker_args(order, tmp_path / "out", 600, run_id))
-    outcome = launch.run_launch(argv, timeout_s=900, run_id=run_id,
-                                env=launch.worker_env({**os.environ, "DS_ACCELERATOR": "cpu"}, staged))
+    staged = launcher.stage_worker(tmp_path / "code")
+    run_id = launcher.new_run_id()
+    argv = launcher.torchrun_argv(target_venv.python, 2, launcher.free_port(),
+                                launcher.worker_args(order, tmp_path / "out", 600, run_id))
+    outcome = launcher.run_launch(argv, timeout_s=900, run_id=run_id,
+                                env=launcher.worker_env({**os.environ, "DS_ACCELERATOR": "cpu"}, staged))
     assert outcome.returncode == 0, outcome.log_tail
     for rank in (0, 1):
         lines = (tmp_path / "out" / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines()

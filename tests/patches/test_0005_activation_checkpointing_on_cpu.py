@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support.ds_patch import run_python_in_tree
 
-from mlstack_ds.launch.process import free_port
+from mlstack_ds.launch.launcher import free_port
 
 PROBES = Path(__file__).resolve().parent / "probes"
 PROBE = PROBES / "activation_checkpointing_probe.py"

@@ -9,7 +9,7 @@ from mlstack_ds.bench.report import scaling, stage_numbers
 from mlstack_ds.bench.run import StageRun, judge
 from mlstack_ds.bench.spec import TINY, BenchSpec, parse_stages, parse_world_sizes
 from mlstack_ds.errors import UsageError
-from mlstack_ds.launch.process import LaunchOutcome
+from mlstack_ds.launch.launcher import LaunchOutcome
 
 SPEC = BenchSpec(model=TINY, stages=("ddp", "3"), world_sizes=(1, 2), steps=3, warmup=1, micro_batch=2, seq_len=64)
 FINISHED = LaunchOutcome(0, 10.0, False, "")

@@ -272,10 +272,10 @@ def test_the_config_check_keeps_the_users_zero_and_precision_and_names_what_it_r
 def test_the_config_check_needs_a_config(tmp_path: Path) -> None:
     import sys
 
-    from mlstack_ds.launch import process as launch
+    from mlstack_ds.launch import launcher
     from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
     with pytest.raises(UsageError, match="the config check needs --config FILE"):
         run_verify(VerifyOptions(python=Path(sys.executable), only="config"))
-    args = launch.worker_args(["config"], tmp_path, 60, "rid", ds_config=tmp_path / "ds.json")
+    args = launcher.worker_args(["config"], tmp_path, 60, "rid", ds_config=tmp_path / "ds.json")
     assert args[-2:] == ["--ds-config", str(tmp_path / "ds.json")]

@@ -14,37 +14,39 @@ import pytest
 
 from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.errors import UsageError
-from mlstack_ds.launch import process as launch
+from mlstack_ds.launch import launcher
+from mlstack_ds.launch.session import read_records
+from mlstack_ds.verify.suite import rank_logs
 
 
 def test_torchrun_argv_uses_loopback_the_given_port_and_no_restarts() -> None:
-    args = launch.worker_args(["zero1", "zero3"], Path("/tmp/out"), 120, "rid")
-    argv = launch.torchrun_argv(Path("/venv/bin/python"), 2, 29555, args)
+    args = launcher.worker_args(["zero1", "zero3"], Path("/tmp/out"), 120, "rid")
+    argv = launcher.torchrun_argv(Path("/venv/bin/python"), 2, 29555, args)
     assert argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[argv.index("--master-addr") + 1] == "127.0.0.1"
     assert argv[argv.index("--master-port") + 1] == "29555"
     assert argv[argv.index("--max-restarts") + 1] == "0"
     worker = argv.index("--module")
-    assert argv[worker + 1:] == [launch.WORKER_MODULE, "--checks", "zero1,zero3", "--out", "/tmp/out",
+    assert argv[worker + 1:] == [launcher.WORKER_MODULE, "--checks", "zero1,zero3", "--out", "/tmp/out",
                                  "--timeout", "120", "--run-id", "rid"]
 
 
 def test_worker_package_is_staged_whole(tmp_path: Path) -> None:
-    staged = launch.stage_worker(tmp_path)
-    shipped = sorted(p.name for p in launch.WORKER_PACKAGE.glob("*.py"))
+    staged = launcher.stage_worker(tmp_path)
+    shipped = sorted(p.name for p in launcher.WORKER_PACKAGE.glob("*.py"))
     assert {"__init__.py", "__main__.py", "registry.py"} <= set(shipped)
-    assert sorted(p.name for p in (staged / launch.WORKER_MODULE).iterdir()) == shipped
+    assert sorted(p.name for p in (staged / launcher.WORKER_MODULE).iterdir()) == shipped
 
 
 def test_worker_env_puts_the_staged_copy_first(tmp_path: Path) -> None:
-    env = launch.worker_env({"PYTHONPATH": "/user/lib", "X": "1"}, tmp_path)
+    env = launcher.worker_env({"PYTHONPATH": "/user/lib", "X": "1"}, tmp_path)
     assert env["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/user/lib" and env["X"] == "1"
-    assert launch.worker_env({}, tmp_path)["PYTHONPATH"] == str(tmp_path)
+    assert launcher.worker_env({}, tmp_path)["PYTHONPATH"] == str(tmp_path)
 
 
 def test_worker_imports_nothing_from_the_tool_but_itself() -> None:
-    for source in launch.WORKER_PACKAGE.glob("*.py"):
+    for source in launcher.WORKER_PACKAGE.glob("*.py"):
         imports = [line.strip() for line in source.read_text().splitlines()
                    if line.lstrip().startswith(("import ", "from "))]
         assert not [line for line in imports if "mlstack_ds" in line], source.name
@@ -55,15 +57,15 @@ def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
     hostfile.write_text("# cluster\nnode-a slots=8\nnode-b   slots=8  # second\n\n")
     hosts = parse_hostfile(hostfile)
     assert hosts == [HostEntry("node-a", 8), HostEntry("node-b", 8)]
-    args = launch.worker_args(["zero3"], Path("/shared/out"), 60, "rid")
-    argv = launch.deepspeed_argv(Path("/venv/bin/python"), hostfile, hosts, 29600, args)
+    args = launcher.worker_args(["zero3"], Path("/shared/out"), 60, "rid")
+    argv = launcher.deepspeed_argv(Path("/venv/bin/python"), hostfile, hosts, 29600, args)
     assert argv[:3] == ["/venv/bin/python", "-m", "deepspeed.launcher.runner"]
     assert argv[argv.index("--hostfile") + 1] == str(hostfile)
     assert argv[argv.index("--master_addr") + 1] == "node-a"
     assert argv[argv.index("--master_port") + 1] == "29600"
     assert "--num_gpus" not in argv
     assert argv[argv.index("--module") + 1:] == args
-    with_gpus = launch.deepspeed_argv(Path("p"), hostfile, hosts, 1, args, gpus_per_node=4)
+    with_gpus = launcher.deepspeed_argv(Path("p"), hostfile, hosts, 1, args, gpus_per_node=4)
     assert with_gpus[with_gpus.index("--num_gpus") + 1] == "4"
 
 
@@ -83,7 +85,7 @@ def test_missing_hostfile_is_a_usage_error(tmp_path: Path) -> None:
 def test_free_port_is_bindable() -> None:
     import socket
 
-    port = launch.free_port()
+    port = launcher.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
 
@@ -97,14 +99,14 @@ def test_rank_exit_codes_from_torchrun_failure_summary() -> None:
           rank      : 1 (local_rank: 1)
           exitcode  : 17 (pid: 4242)
     """)
-    assert launch.rank_exit_codes(log) == {1: 17}
+    assert launcher.rank_exit_codes(log) == {1: 17}
 
 
 def test_read_rank_logs_keeps_what_a_dead_rank_wrote(tmp_path: Path) -> None:
     lines = [{"event": "hello", "rank": 1}, {"event": "start", "check": "zero1"},
              {"event": "result", "check": "zero1", "status": "pass"}, {"event": "start", "check": "zero2"}]
     (tmp_path / "rank1.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{truncated")
-    logs = launch.read_rank_logs(tmp_path, 2)
+    logs = rank_logs(read_records(tmp_path, 2), 2)
     assert not logs[0].started and logs[0].results == {}
     assert logs[1].started and logs[1].begun == ("zero1", "zero2") and list(logs[1].results) == ["zero1"]
 
@@ -113,7 +115,7 @@ def test_summary_from_rank0_fills_in_remote_ranks(tmp_path: Path) -> None:
     summary = {"ranks": {"0": [{"check": "zero1", "status": "pass"}],
                          "1": [{"check": "zero1", "status": "fail"}]}}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    logs = launch.read_rank_logs(tmp_path, 2)
+    logs = rank_logs(read_records(tmp_path, 2), 2)
     assert logs[1].results["zero1"]["status"] == "fail"
 
 
@@ -127,25 +129,25 @@ FAKE_LAUNCHER = textwrap.dedent("""\
 
 
 def test_run_launch_timeout_leaves_no_process_of_the_launch(tmp_path: Path) -> None:
-    run_id = launch.new_run_id()
+    run_id = launcher.new_run_id()
     started = time.monotonic()
-    outcome = launch.run_launch([sys.executable, "-c", FAKE_LAUNCHER], timeout_s=2, run_id=run_id)
+    outcome = launcher.run_launch([sys.executable, "-c", FAKE_LAUNCHER], timeout_s=2, run_id=run_id)
     assert outcome.timed_out and outcome.returncode is None
     assert time.monotonic() - started < 15
-    assert launch.processes_with_marker(run_id) == []
+    assert launcher.processes_with_marker(run_id) == []
 
 
 def test_sweep_kills_marked_processes_only(tmp_path: Path) -> None:
-    run_id = launch.new_run_id()
+    run_id = launcher.new_run_id()
     marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                              env={**os.environ, launch.RUN_ID_ENV: run_id}, start_new_session=True)
+                              env={**os.environ, launcher.RUN_ID_ENV: run_id}, start_new_session=True)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                                 env={**os.environ, launch.RUN_ID_ENV: "someone-else"})
+                                 env={**os.environ, launcher.RUN_ID_ENV: "someone-else"})
     try:
         deadline = time.monotonic() + 10
-        while marked.pid not in launch.processes_with_marker(run_id) and time.monotonic() < deadline:
+        while marked.pid not in launcher.processes_with_marker(run_id) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert launch.sweep(run_id) == [marked.pid]
+        assert launcher.sweep(run_id) == [marked.pid]
         assert marked.wait(timeout=5) == -9
         assert bystander.poll() is None
     finally:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mlstack_ds.launch.process import LaunchOutcome, RankLog
-from mlstack_ds.verify.suite import _why_missing
+from mlstack_ds.launch.launcher import LaunchOutcome
+from mlstack_ds.verify.suite import RankLog, _why_missing
 
 
 def rank_log(*begun: str, started: bool = True) -> RankLog:

@@ -1,4 +1,4 @@
-"""Launch the verify worker on N ranks, bound it in time, leave nothing running, and read what it wrote.
+"""Start the worker package on N ranks, bound the launch in time, and leave nothing of it running.
 
 Two launchers, both standard: `python -m torch.distributed.run` on one machine (loopback, a free port)
 and DeepSpeed's own launcher (`python -m deepspeed.launcher.runner --hostfile ...`, pdsh/ssh) for
@@ -6,13 +6,12 @@ several nodes. The subprocess goes through `mlstack_ds.runner.run`, which kills 
 group on time-out. torchrun starts each rank in a session of its own, so that is not enough: every
 process of a launch carries `MLSTACK_VERIFY_RUN_ID=<id>` in its environment (children inherit it),
 ranks ask the kernel to kill them when their launcher dies, and after every launch `sweep` kills
-whatever still carries the marker.
+whatever still carries the marker. The whole sequence around a launch (nodes, results) is session.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -24,7 +23,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
@@ -168,41 +166,3 @@ def _is_zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
-@dataclass(frozen=True)
-class RankLog:
-    """What one rank wrote: whether it started, the checks it began, its results by check."""
-
-    started: bool
-    begun: tuple[str, ...]
-    results: Mapping[str, Mapping[str, Any]]
-
-
-def read_rank_logs(out_dir: Path, world_size: int) -> dict[int, RankLog]:
-    """Per-rank JSON lines, overlaid by rank 0's gathered summary (which covers remote nodes)."""
-    logs: dict[int, RankLog] = {}
-    for rank in range(world_size):
-        path = out_dir / f"rank{rank}.jsonl"
-        started, begun, results = False, [], {}
-        if path.is_file():
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    event = record.get("event")
-                    started = started or event == "hello"
-                    if event == "start":
-                        begun.append(record["check"])
-                    elif event == "result":
-                        results[record["check"]] = record
-        logs[rank] = RankLog(started, tuple(begun), results)
-    summary = out_dir / "summary.json"
-    if summary.is_file():
-        with contextlib.suppress(ValueError, OSError):
-            gathered = json.loads(summary.read_text(encoding="utf-8"))
-            for rank_text, records in gathered.get("ranks", {}).items():
-                rank = int(rank_text)
-                if rank < world_size and not logs[rank].results:
-                    by_check = {r["check"]: r for r in records}
-                    logs[rank] = RankLog(True, tuple(by_check), by_check)
-    return logs

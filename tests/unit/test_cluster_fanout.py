@@ -1,0 +1,156 @@
+"""The one fan-out over nodes (cluster.fanout.on_each) and the one shared-file-system probe
+(remote.SharedFileProbe), the latter through a fake `ssh` on PATH that runs the command here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mlstack_ds.cluster import remote
+from mlstack_ds.cluster.fanout import on_each
+from mlstack_ds.errors import EnvironmentProblem
+
+
+def slow_echo(delays: dict[str, float]):
+    def answer(host: str) -> str:
+        time.sleep(delays.get(host, 0.0))
+        if host.startswith("bad"):
+            raise EnvironmentProblem(f"{host} is bad")
+        if host.startswith("bug"):
+            raise ValueError(host)
+        return host.upper()
+    return answer
+
+
+def test_answers_come_in_host_order_and_done_as_each_finishes() -> None:
+    seen: list[str] = []
+    answers = on_each(["slow", "fast"], slow_echo({"slow": 0.3}), done=lambda host, _a: seen.append(host))
+    assert answers == ["SLOW", "FAST"]
+    assert seen == ["fast", "slow"]
+
+
+def test_in_order_reports_in_host_order() -> None:
+    seen: list[str] = []
+    on_each(["slow", "fast", "mid"], slow_echo({"slow": 0.3, "mid": 0.1}), done=lambda h, _a: seen.append(h),
+            in_order=True)
+    assert seen == ["slow", "fast", "mid"]
+
+
+def test_nodes_run_at_once() -> None:
+    started = time.monotonic()
+    on_each([f"n{i}" for i in range(8)], slow_echo({f"n{i}": 0.3 for i in range(8)}))
+    assert time.monotonic() - started < 1.5
+
+
+def test_caught_exceptions_are_a_nodes_answer_and_the_others_still_answer() -> None:
+    answers = on_each(["a", "bad1", "b"], slow_echo({}), catch=EnvironmentProblem)
+    assert answers[0] == "A" and answers[2] == "B"
+    assert isinstance(answers[1], EnvironmentProblem) and answers[1].message == "bad1 is bad"
+
+
+def test_the_first_failure_in_host_order_is_raised_after_its_predecessors_are_reported() -> None:
+    seen: list[str] = []
+    with pytest.raises(ValueError, match="bug-first"):
+        on_each(["ok", "bug-first", "bug-second"], slow_echo({"bug-first": 0.3, "ok": 0.1}),
+                done=lambda h, _a: seen.append(h), in_order=True)
+    assert seen == ["ok"]
+
+
+def test_nodes_not_started_are_not_asked_after_a_failure() -> None:
+    asked: list[str] = []
+    lock = threading.Lock()
+
+    def fn(host: str) -> str:
+        with lock:
+            asked.append(host)
+        if host == "bug":
+            raise ValueError(host)
+        time.sleep(1.0)  # the first wave still runs when the failure is seen
+        return host
+
+    hosts = ["bug", *(f"n{i}" for i in range(remote.MAX_PARALLEL_NODES * 2))]
+    with pytest.raises(ValueError):
+        on_each(hosts, fn)
+    assert len(asked) < len(hosts)
+
+
+def test_no_hosts_no_answers() -> None:
+    assert on_each([], slow_echo({})) == []
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh -o .. -o .. HOST -- COMMAND, run here; host "down" is unreachable, host "apart" sees $REAL as $OTHER
+while [ "$1" = "-o" ]; do shift 2; done
+host=$1; shift; [ "$1" = "--" ] && shift
+case "$host" in
+  down) echo "ssh: connect to host down port 22: Connection refused" >&2; exit 255;;
+  apart) exec sh -c "$(printf '%s' "$1" | sed "s#$FAKE_SSH_REAL#$FAKE_SSH_OTHER#g")";;
+esac
+exec sh -c "$1"
+"""
+
+
+@pytest.fixture
+def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    real, other = tmp_path / "real", tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_REAL", str(real))
+    monkeypatch.setenv("FAKE_SSH_OTHER", str(other))
+    return real
+
+
+def test_a_probe_written_here_is_seen_by_a_node_that_shares_the_file_system(fake_ssh: Path) -> None:
+    probe = remote.SharedFileProbe.here(fake_ssh, "probe-")
+    assert probe.path.read_text() == probe.content and probe.path.parent == fake_ssh
+    assert probe.seen_by("near")
+    assert not probe.seen_by("apart")
+    with pytest.raises(EnvironmentProblem, match="node down is not reachable over ssh: connect to host down"):
+        probe.seen_by("down")
+    assert probe.matches(probe.content) and not probe.matches("")
+    probe.remove()
+    assert not probe.path.exists()
+
+
+def test_a_probe_written_on_a_node(fake_ssh: Path) -> None:
+    fake_ssh.mkdir()
+    probe = remote.SharedFileProbe.on("near", fake_ssh, ".node-probe-")
+    assert probe is not None and probe.writer == "near" and probe.path.read_text() == probe.content
+    assert probe.seen_by("near") and not probe.seen_by("apart")
+    probe.remove()
+    assert not probe.path.exists()
+    assert remote.SharedFileProbe.on("near", fake_ssh / "missing", ".node-probe-") is None
+    assert remote.SharedFileProbe.on("down", fake_ssh, ".node-probe-") is None
+
+
+def test_launch_preparation_asks_every_node_at_once_and_names_each_that_cannot_take_part(fake_ssh: Path) -> None:
+    from mlstack_ds.cluster.hostfile import HostEntry
+    from mlstack_ds.launch import nodes
+
+    (fake_ssh.parent / "bin" / "pdsh").write_text("#!/bin/sh\nexit 0\n")
+    (fake_ssh.parent / "bin" / "pdsh").chmod(0o755)
+    launch_dir = fake_ssh / "launch"
+    launch_dir.mkdir(parents=True)
+    lines: list[str] = []
+    ready = nodes.prepare([HostEntry("near", 2)], Path(sys.executable), launch_dir, status=lines.append)
+    assert ready == [nodes.Node("near", (0, 1), True)] and lines == ["near: reachable, ranks 0-1, shared file system"]
+
+    lines.clear()
+    with pytest.raises(EnvironmentProblem) as failed:
+        nodes.prepare([HostEntry("near", 1), HostEntry("down", 1), HostEntry("gone", 0)], Path(sys.executable),
+                      launch_dir, status=lines.append)
+    refused = "connect to host down port 22: Connection refused"
+    assert failed.value.message == f"node down is not reachable over ssh: {refused}"
+    assert sorted(lines) == ["down: " + failed.value.message, "near: reachable, ranks 0, shared file system"]
+    with pytest.raises(EnvironmentProblem, match="no interpreter at /nowhere/python"):
+        nodes.prepare([HostEntry("near", 1)], Path("/nowhere/python"), launch_dir)
+    assert list(launch_dir.iterdir()) == []  # the probe files are removed
