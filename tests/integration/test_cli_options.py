@@ -7,10 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
-from support.cli import CliResult, run_cli
+from support.cli import CliResult, cli_commands, command_options, run_cli
 
-from mlstack_ds.cli.app import build_app
 from mlstack_ds.recipe import find_recipe
 
 SHIPPED_RECIPE = find_recipe().path
@@ -20,40 +18,20 @@ def cli(*args: str, **env: str) -> CliResult:
     return run_cli(*args, env=env, timeout=300)
 
 
-def _commands() -> dict[str, object]:
-    """Every leaf command of the app by its path (`patches list`), as click sees it."""
-    found: dict[str, object] = {}
-
-    def walk(command: object, path: str) -> None:
-        subcommands = getattr(command, "commands", None)
-        if subcommands:
-            for name, sub in subcommands.items():
-                walk(sub, f"{path} {name}".strip())
-        else:
-            found[path] = command
-
-    walk(typer.main.get_command(build_app()), "")
-    return found
-
-
-def _options(command: object) -> dict[str, object]:
-    return {opt: param for param in getattr(command, "params", []) for opt in getattr(param, "opts", [])}
-
-
 def test_shared_options_are_one_declaration_everywhere() -> None:
-    commands = _commands()
-    with_recipe = {path for path, c in commands.items() if "--recipe" in _options(c)}
-    with_alias = {path for path, c in commands.items() if "--deepspeed-version" in _options(c)}
+    commands = cli_commands()
+    with_recipe = {path for path, c in commands.items() if "--recipe" in command_options(c)}
+    with_alias = {path for path, c in commands.items() if "--deepspeed-version" in command_options(c)}
     assert with_recipe == with_alias
     assert with_recipe >= {"install", "build", "fetch", "doctor", "recipes show", "patches list", "patches check",
                            "patches apply", "patches status"}
     for option in ("--json", "--python", "--recipe", "--source"):
-        declared = [_options(c)[option] for c in commands.values() if option in _options(c)]
+        declared = [command_options(c)[option] for c in commands.values() if option in command_options(c)]
         assert declared, option
         signatures = {(p.help, p.metavar, p.default) for p in declared}  # type: ignore[attr-defined]
         assert len(signatures) == 1, (option, signatures)
-    assert {path for path, c in commands.items() if "--source" in _options(c)} == {"install", "build", "fetch"}
-    assert {path for path, c in commands.items() if "--python" in _options(c)} >= {
+    assert {path for path, c in commands.items() if "--source" in command_options(c)} == {"install", "build", "fetch"}
+    assert {path for path, c in commands.items() if "--python" in command_options(c)} >= {
         "detect", "doctor", "install", "build", "verify", "status", "rollback", "uninstall"}
 
 

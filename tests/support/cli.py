@@ -90,3 +90,29 @@ def start_cli(*args: PathLike, python: PathLike | None = None, env: Mapping[str,
     return subprocess.Popen(cli_argv(*args, python=python, prefix=prefix), text=text,
                             env=cli_env(env, base=base_env, columns=columns),
                             cwd=Path(cwd) if cwd is not None else None, **popen)
+
+
+def cli_commands() -> dict[str, Any]:
+    """Every leaf command of the app by its path (`patches list`), as click sees it: for tests that read the
+    declared options without running anything."""
+    import typer
+
+    from mlstack_ds.cli.app import build_app
+
+    found: dict[str, Any] = {}
+
+    def walk(command: Any, path: str) -> None:
+        subcommands = getattr(command, "commands", None)
+        if subcommands:
+            for name, sub in subcommands.items():
+                walk(sub, f"{path} {name}".strip())
+        else:
+            found[path] = command
+
+    walk(typer.main.get_command(build_app()), "")
+    return found
+
+
+def command_options(command: Any) -> dict[str, Any]:
+    """A command's click parameters by every flag they answer to (`--config` and `--ds-config` alike)."""
+    return {opt: param for param in getattr(command, "params", []) for opt in getattr(param, "opts", [])}

@@ -7,10 +7,9 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import typer
+from support.cli import cli_commands, command_options
 
 import mlstack_ds.cli
-from mlstack_ds.cli.app import build_app
 
 CLI_DIR = Path(mlstack_ds.cli.__file__).parent
 REGISTRY = "options.py"
@@ -35,25 +34,6 @@ def _declarations() -> dict[str, list[str]]:
     return found
 
 
-def _commands() -> dict[str, object]:
-    found: dict[str, object] = {}
-
-    def walk(command: object, path: str) -> None:
-        subcommands = getattr(command, "commands", None)
-        if subcommands:
-            for name, sub in subcommands.items():
-                walk(sub, f"{path} {name}".strip())
-        else:
-            found[path] = command
-
-    walk(typer.main.get_command(build_app()), "")
-    return found
-
-
-def _options(command: object) -> dict[str, object]:
-    return {opt: param for param in getattr(command, "params", []) for opt in getattr(param, "opts", [])}
-
-
 def test_the_scan_sees_the_declarations() -> None:
     declared = _declarations()
     assert {"--json", "--python", "--hostfile", "--cache-dir", "--world-size", "--tool-timeout"} <= set(declared)
@@ -66,8 +46,8 @@ def test_no_flag_is_declared_twice() -> None:
 
 def test_a_flag_two_commands_take_is_declared_in_the_registry() -> None:
     users: dict[str, list[str]] = defaultdict(list)
-    for path, command in _commands().items():
-        for flag in _options(command):
+    for path, command in cli_commands().items():
+        for flag in command_options(command):
             users[flag].append(path)
     declared = _declarations()
     outside = {flag: (declared.get(flag), commands) for flag, commands in users.items()
@@ -102,16 +82,16 @@ def test_python_is_resolved_by_its_callback_only() -> None:
 
 
 def test_one_wording_where_the_flag_means_the_same() -> None:
-    commands = _commands()
+    commands = cli_commands()
     for flag in ("--cache-dir", "--git-url", "--git-commit", "--sha256", "--arch", "--jobs", "--rebuild",
                  "--no-patches", "--dry-run", "--micro-batch", "--series"):
-        declared = [_options(c)[flag] for c in commands.values() if flag in _options(c)]
+        declared = [command_options(c)[flag] for c in commands.values() if flag in command_options(c)]
         assert len(declared) > 1, flag
         assert len({(p.help, p.metavar) for p in declared}) == 1, flag  # type: ignore[attr-defined]
 
 
 def test_the_ds_config_is_config_with_its_alias_everywhere() -> None:
-    commands = _commands()
+    commands = cli_commands()
     for path in ("doctor", "verify", "bench"):
-        options = _options(commands[path])
+        options = command_options(commands[path])
         assert options["--config"] is options["--ds-config"], path
