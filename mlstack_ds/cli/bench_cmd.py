@@ -37,7 +37,8 @@ from mlstack_ds.cli.options import (
 )
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.console import make_output
-from mlstack_ds.errors import BenchFailed, UsageError
+from mlstack_ds.errors import BenchFailed
+from mlstack_ds.launch.target import refuse_world_size_with_hostfile
 
 BENCH_HELP = (
     "Measure training throughput (samples/s, tokens/s, model TFLOP/s) and peak memory per rank of a GPT-like "
@@ -80,9 +81,7 @@ def register(app: typer.Typer) -> None:
         output = make_output(json_output)
         chosen = parse_model(model)
         parse_precision(precision)
-        if hostfile is not None and world_size is not None:
-            raise UsageError("--world-size cannot be combined with --hostfile",
-                             hint="the hostfile's slots=N entries decide how many ranks run on each node")
+        refuse_world_size_with_hostfile(world_size, hostfile)
         if plot is not None:
             require_plotting(plot)
         config_json = None
