@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cli import run_cli, start_cli
+from support.cli import run_cli, run_wrapper, start_cli
 from support.e2e import FIRST_USE, Target, processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -225,11 +225,8 @@ def test_torch_missing_is_refused_with_the_fix(bare_python: Path) -> None:
 def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tmp_path: Path) -> None:
     """The README's main command on a machine without torch; the shared wheel cache spares a rebuild."""
     venv = tmp_path / "venv"
-    result = subprocess.run(
-        ["bash", str(Path(__file__).resolve().parents[2] / "scripts" / "install_deepspeed.sh"), "--venv", str(venv),
-         "--with-torch", "cpu", "--", "--cache-dir", str(installed_target.cache), "--json"],
-        capture_output=True, text=True, timeout=3600, env={**os.environ, "COLUMNS": "200"},
-    )
+    result = run_wrapper("--venv", venv, "--with-torch", "cpu", "--", "--cache-dir", installed_target.cache, "--json",
+                         timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
     document = json.loads(result.stdout)
     assert document["action"] == "installed" and document["receipt"]["torch_version"] == "2.13.0+cpu"

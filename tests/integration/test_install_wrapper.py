@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from support.cli import run_wrapper
 from support.target_env import bare_venv
-
-REPO = Path(__file__).resolve().parents[2]
-WRAPPER = REPO / "scripts" / "install_deepspeed.sh"
-
-
-def run_wrapper(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(WRAPPER), *args], capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "COLUMNS": "200"})
 
 
 @pytest.mark.slow

@@ -92,6 +92,16 @@ def start_cli(*args: PathLike, python: PathLike | None = None, env: Mapping[str,
                             cwd=Path(cwd) if cwd is not None else None, **popen)
 
 
+WRAPPER = Path(__file__).resolve().parents[2] / "scripts" / "install_deepspeed.sh"
+
+
+def run_wrapper(*args: PathLike, timeout: float = 1200, env: Mapping[str, str] | None = None) -> CliResult:
+    """Run the README's main command, `scripts/install_deepspeed.sh ARGS` (which installs the tool into a
+    venv and starts it there), to the end; COLUMNS=200 as the CLI tests use."""
+    done = subprocess.run(["bash", str(WRAPPER), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=cli_env(env, columns=200), check=False)
+    return CliResult(done.args, done.returncode, done.stdout, done.stderr)
+
 def cli_commands() -> dict[str, Any]:
     """Every leaf command of the app by its path (`patches list`), as click sees it: for tests that read the
     declared options without running anything."""
