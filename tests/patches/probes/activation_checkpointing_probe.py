@@ -73,3 +73,4 @@ checkpointing.configure(None)
 print("ACCELERATOR " + get_accelerator().device_name())
 for name in sys.argv[1:]:
     print("RESULT " + json.dumps({"function": name, **run(name)}), flush=True)
+torch.distributed.destroy_process_group()  # no gloo worker left to race finalization (docs/abort-at-exit.md)

@@ -56,3 +56,7 @@ result_file.with_suffix(".tmp").write_text(json.dumps(results))
 result_file.with_suffix(".tmp").replace(result_file)  # the test never reads half a file
 if any("error" in r for r in results.values() if isinstance(r, dict)):
     os._exit(1)
+# The script ends right after train_batch's collectives: without this a gloo worker thread can still be
+# waiting for the GIL when the interpreter finalizes, and the rank aborts with `terminate called without
+# an active exception` (docs/abort-at-exit.md; seen once in CI on the 0.19.8 tree).
+torch.distributed.destroy_process_group()
