@@ -57,6 +57,17 @@ def render(environment: Environment, output: Output) -> None:
         ("Python", f"{environment.python.version} ({environment.python.executable})"),
         ("DeepSpeed", "not installed" if ds is None else ds.version),
     ]
+    wheels = environment.rocm_wheels
+    if wheels is not None:
+        devel = ("not installed (rocm[devel])" if not wheels.devel_installed
+                 else f"at {wheels.devel_root}" if wheels.devel_expanded else "installed, not expanded (rocm-sdk init)")
+        summary.insert(2, ("ROCm wheels", f"{wheels.version or 'unknown version'}; devel {devel}; device targets "
+                           + (", ".join(wheels.device_targets) or "none installed")))
+    if environment.system_rocm is not None:
+        system = environment.system_rocm
+        summary.insert(2, ("system ROCm", f"{system.version or 'unknown version'}"
+                           + (f" at {system.root}" if system.root else "")
+                           + f", from {system.version_source or 'no source'} (not used: the target loads its wheels)"))
     print_records(output.out, ("", ""), summary, keyed=True)
 
     if environment.gpus:

@@ -10,7 +10,15 @@ from pathlib import Path
 
 from mlstack_ds import gfx
 from mlstack_ds.detect import probes
-from mlstack_ds.detect.model import TRACKED_ENV_VARS, Environment, GpuAgent, Platform, TorchInfo
+from mlstack_ds.detect.model import (
+    TRACKED_ENV_VARS,
+    Environment,
+    GpuAgent,
+    Platform,
+    RocmInstall,
+    RocmWheels,
+    TorchInfo,
+)
 from mlstack_ds.detect.target_probe import TargetFacts, finish_target_probe, start_target_probe
 from mlstack_ds.errors import UsageError
 
@@ -62,14 +70,30 @@ def detect_with_target(
     environ = dict(os.environ if environ is None else environ)
     target_python = resolve_python(python)
     hsa_override = environ.get("HSA_OVERRIDE_GFX_VERSION") or None
-    ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ), timeout=tool_timeout)
+    wheels_bin = wheels_scripts_dir(target_python)
+    ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ), timeout=tool_timeout,
+                             first_dirs=(wheels_bin,) if wheels_bin else ())
 
     # The target probe (seconds: it imports torch) runs while the ROCm tools are asked, not after them.
     with start_target_probe(target_python, environ) as pending_probe:
         amd = probes.amd_gpus(ctx, hsa_override)
         nvidia = probes.nvidia_gpus(ctx)
         target = finish_target_probe(target_python, pending_probe)
-    rocm = probes.rocm_version(ctx, target.torch.hip if target.torch else None)
+    wheels = target.rocm_wheels
+    system_rocm = None
+    if wheels is not None and target.torch is not None and target.torch.hip:
+        # The ROCm the target's torch loads; a system ROCm is only reported beside it, never preferred.
+        rocm = wheels_install(wheels)
+        system_ctx = probes.ToolContext(environ=environ, rocm_root=ctx.rocm_root, timeout=tool_timeout)
+        system_rocm = probes.rocm_version(system_ctx, None)
+        ctx.warnings.extend(system_ctx.warnings)
+        if system_rocm is not None and system_rocm.version != rocm.version:
+            ctx.warnings.append(
+                f"a system ROCm {system_rocm.version or '(unknown version)'} is installed too "
+                f"({system_rocm.root or system_rocm.version_source}); the target's torch loads ROCm "
+                f"{rocm.version} from its wheels, which builds use")
+    else:
+        rocm = probes.rocm_version(ctx, target.torch.hip if target.torch else None)
 
     gpus = amd + [GpuAgent(**{**g.__dict__, "index": len(amd) + g.index}) for g in nvidia] if nvidia else amd
     platform = decide_platform(amd, nvidia, target.torch, rocm_found=rocm is not None)
@@ -83,8 +107,26 @@ def detect_with_target(
         env={name: environ.get(name) for name in TRACKED_ENV_VARS},
         warnings=warnings,
         deepspeed=target.deepspeed,
+        rocm_wheels=wheels,
+        system_rocm=system_rocm,
     )
     return Detection(environment, target)
+
+
+def wheels_scripts_dir(python: Path) -> Path | None:
+    """The target's bin directory when it holds TheRock's `rocm-sdk` command (the `rocm` wheel's), whose
+    trampolines (rocminfo, amd-smi, offload-arch, hipcc) answer for the venv's own ROCm: looked at before
+    the target probe answers, so the GPUs are asked in parallel with it."""
+    scripts = python.parent
+    return scripts if (scripts / "rocm-sdk").is_file() else None
+
+
+def wheels_install(wheels: RocmWheels) -> RocmInstall:
+    """The ROCm of TheRock's wheels as the build sees it: rooted at the devel tree once it is expanded (where
+    ROCM_HOME must point), else at the runtime package."""
+    root = wheels.devel_root if wheels.devel_expanded else wheels.core
+    source = f"{wheels.version_source or 'rocm_sdk'} (ROCm wheels in the target)"
+    return RocmInstall(root, wheels.version, source, wheels.version, kind="wheels")
 
 
 def decide_platform(

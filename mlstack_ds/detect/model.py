@@ -30,9 +30,28 @@ TRACKED_ENV_VARS: tuple[str, ...] = (
 @dataclass(frozen=True)
 class RocmInstall:
     root: str | None
-    version: str | None  # "6.2.4", or "6.1" when only a HIP version string was available
+    version: str | None  # "6.2.4", or "6.1" when only a (legacy, <= 7.2) HIP version string was available
     version_source: str | None  # which source answered, e.g. "<root>/.info/version"
     raw_version: str | None = None  # the string as the source printed it
+    kind: Literal["system", "wheels"] = "system"  # a ROCm root on disk, or TheRock's wheels in the target
+
+
+@dataclass(frozen=True)
+class RocmWheels:
+    """ROCm installed as Python wheels (TheRock's `rocm`/`rocm-sdk-*`) in the target environment, read by the
+    target probe without importing torch. Package directories carry a build nonce in their names
+    (`_rocm_sdk_core*`), so they are reported as found, never guessed."""
+
+    version: str | None  # rocm_sdk.__version__ ("7.14.0", "10.1.0a20260811"), else the core's .info/version
+    version_source: str | None
+    core: str | None  # the runtime package directory (`.info/version`, bin/rocminfo, amd-smi)
+    devel_installed: bool  # rocm[devel]: the `rocm_sdk_devel` package is importable
+    devel_root: str | None  # the devel tree (headers, hipcc): where ROCM_HOME must point
+    devel_expanded: bool  # `rocm-sdk init` (or a first hipcc call) has expanded the devel tarball
+    libraries: bool  # rocm[libraries] (hipBLAS, rocRAND, ...)
+    device_targets: tuple[str, ...]  # the installed rocm-sdk-device-gfx* distributions' targets
+    scripts_dir: str | None  # the environment's bin: the trampolines (rocminfo, hipcc, rocm-sdk)
+    problem: str | None = None  # why part of it could not be read
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,8 @@ class Environment:
     env: dict[str, str | None]
     warnings: list[str] = field(default_factory=list)
     deepspeed: DeepSpeedInfo | None = None
+    rocm_wheels: RocmWheels | None = None  # TheRock's ROCm wheels in the target, whichever ROCm is used
+    system_rocm: RocmInstall | None = None  # a system ROCm found as well when `rocm` is the wheels'
 
     @property
     def discrete_gpus(self) -> list[GpuAgent]:

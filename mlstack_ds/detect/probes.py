@@ -6,6 +6,7 @@ ROCm build on PATH wins over the system one, and a bare `/opt/rocm` still works 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,15 @@ class ToolContext:
     rocm_root: Path | None
     timeout: float = TOOL_TIMEOUT_S
     warnings: list[str] = field(default_factory=list)
+    # Searched before PATH: the target venv's bin when it holds TheRock's ROCm wheels (their rocminfo,
+    # amd-smi and hipcc trampolines are on PATH only while the venv is activated).
+    first_dirs: tuple[Path, ...] = ()
 
     def find(self, tool: str) -> Path | None:
+        for directory in self.first_dirs:
+            candidate = directory / tool
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
         extra = [self.rocm_root / "bin"] if self.rocm_root else []
         return which(tool, extra_dirs=extra, path=self.environ.get("PATH", ""))
 
@@ -50,11 +58,18 @@ class ToolContext:
 
 
 def find_rocm_root(environ: Mapping[str, str], default: Path = Path("/opt/rocm")) -> Path | None:
-    """`$ROCM_PATH`, else `$ROCM_HOME`, else `/opt/rocm`: the first that exists."""
-    for candidate in (environ.get("ROCM_PATH"), environ.get("ROCM_HOME"), str(default)):
+    """`$ROCM_PATH`, else `$ROCM_HOME`, else `/opt/rocm`: the first that exists. A `/opt/rocm` that holds
+    no ROCm of its own but `core-X.Y` directories (the 2026 system packages, `amdrocm-*`) gives the newest
+    of those."""
+    for candidate in (environ.get("ROCM_PATH"), environ.get("ROCM_HOME")):
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
-    return None
+    if not default.is_dir():
+        return None
+    if any((default / marker).exists() for marker in ("bin", ".info", "include", "lib")):
+        return default
+    cores = [p for p in default.glob("core-*") if p.is_dir() and versions.major_minor_key(p.name[5:])]
+    return max(cores, key=lambda p: versions.major_minor_key(p.name[5:]) or (0, 0)) if cores else default
 
 
 def rocm_version(ctx: ToolContext, torch_hip: str | None) -> RocmInstall | None:
@@ -72,18 +87,29 @@ def rocm_version(ctx: ToolContext, torch_hip: str | None) -> RocmInstall | None:
     result = ctx.run_tool("hipconfig", "--version")
     parsed = versions.parse_hip_version(result.stdout) if result else None
     if parsed:
-        return RocmInstall(str(root) if root else None, parsed[0], "hipconfig --version", parsed[1])
+        return _from_hip(ctx, root, parsed, "hipconfig --version")
     result = ctx.run_tool("amd-smi", "version")
     version = versions.parse_amd_smi_version(result.stdout) if result else None
     if version:
         return RocmInstall(str(root) if root else None, version, "amd-smi version", result.stdout.strip())
     parsed = versions.parse_hip_version(torch_hip) if torch_hip else None
     if parsed:
-        return RocmInstall(str(root) if root else None, parsed[0], "torch.version.hip", parsed[1])
+        return _from_hip(ctx, root, parsed, "torch.version.hip")
     if root:
         ctx.warnings.append(f"ROCm at {root}: could not determine its version from any source")
         return RocmInstall(str(root), None, None, None)
     return None
+
+
+def _from_hip(ctx: ToolContext, root: Path | None, parsed: tuple[str, str], source: str) -> RocmInstall:
+    """A HIP version names the ROCm release only up to ROCm 7.2 (the legacy stream numbered both alike);
+    from TheRock's 7.14 on it does not (ROCm 10.1 reports HIP 7.16), so it is kept as the raw string only."""
+    version, raw = parsed
+    if versions.hip_names_rocm(version):
+        return RocmInstall(str(root) if root else None, version, source, raw)
+    ctx.warnings.append(f"{source} says HIP {version}, which does not name the ROCm release (ROCm 7.14 and later "
+                        "number HIP apart): ROCm version unknown")
+    return RocmInstall(str(root) if root else None, None, source, raw)
 
 
 def _read_version_file(path: Path, parse: object) -> str | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.detect.marked import marked_object
-from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
+from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, RocmWheels, TorchDevice, TorchInfo
 from mlstack_ds.errors import ToolError, ToolTimedOut
 from mlstack_ds.runner import Background, run_in_background
 
@@ -57,6 +57,44 @@ PROBE_SCRIPT = r"""
 import importlib.util, json, platform, sys, sysconfig
 from importlib import metadata
 """ + RECORD_LOCATOR + r"""
+def _mlstack_rocm_sdk(names):
+    # TheRock's ROCm wheels, found without importing torch; package names carry a nonce, so globbed.
+    import glob, os
+    spec = importlib.util.find_spec("rocm_sdk")
+    if spec is None or not spec.origin:
+        return None
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    info = {"version": None, "version_source": None, "core": None, "devel_installed": False,
+            "devel_root": None, "devel_expanded": False, "problem": None,
+            "libraries": any(n.startswith("rocm-sdk-libraries") for n in names),
+            "devices": sorted(n[len("rocm-sdk-device-"):] for n in names if n.startswith("rocm-sdk-device-gfx")),
+            "scripts": sysconfig.get_paths().get("scripts")}
+    try:
+        import rocm_sdk
+        info["version"], info["version_source"] = str(rocm_sdk.__version__), "rocm_sdk.__version__"
+    except Exception as exc:
+        info["problem"] = "import rocm_sdk failed: %s: %s" % (type(exc).__name__, exc)
+    def package(pattern):
+        found = sorted(p for p in glob.glob(os.path.join(site, pattern))
+                       if os.path.isfile(os.path.join(p, "__init__.py")))
+        return found[0] if found else None
+    info["core"] = package("_rocm_sdk_core*")
+    if info["version"] is None and info["core"]:
+        try:
+            with open(os.path.join(info["core"], ".info", "version")) as stream:
+                info["version"], info["version_source"] = stream.read().strip(), "_rocm_sdk_core/.info/version"
+        except OSError:
+            pass
+    devel = importlib.util.find_spec("rocm_sdk_devel")
+    info["devel_installed"] = devel is not None
+    info["devel_root"] = package("_rocm_sdk_devel*")
+    tarballs = []
+    if devel is not None and devel.origin:
+        here = os.path.dirname(devel.origin)
+        tarballs = [t for t in ("_devel.tar", "_devel.tar.xz") if os.path.exists(os.path.join(here, t))]
+    info["devel_expanded"] = bool(info["devel_root"]) and not tarballs
+    return info
+
 def _version(name):
     try:
         return metadata.version(name)
@@ -86,6 +124,7 @@ for d in metadata.distributions():
     except Exception:
         pass
 base["nvidia"] = sorted(n for n in names if n.startswith("nvidia-"))
+base["rocm_sdk"] = _mlstack_rocm_sdk(names)
 print("MLSTACK_TARGET_BASE:" + json.dumps(base), flush=True)
 if sys.argv[1:] == ["quick"]:
     sys.exit(0)
@@ -136,6 +175,7 @@ class TargetFacts:
     deepspeed_record: str | None = None  # the installed DeepSpeed's *.dist-info/RECORD
     torch_version: str | None = None  # torch's distribution version (metadata: no import)
     nvidia_packages: tuple[str, ...] = ()
+    rocm_wheels: RocmWheels | None = None  # TheRock's ROCm wheels (rocm_sdk) in the target
     torch_probed: bool = False  # the second line arrived (torch imported, or known to be absent)
     torch: TorchInfo | None = None  # None: not installed, not importable, hung, or not asked (quick)
     torch_error: str | None = None
@@ -187,6 +227,19 @@ def _parse_base(data: dict[str, Any]) -> TargetFacts:
         deepspeed_record=data.get("deepspeed_record") or None,
         torch_version=data.get("torch_version") or None,
         nvidia_packages=tuple(str(n) for n in data.get("nvidia") or ()),
+        rocm_wheels=_parse_rocm_sdk(data.get("rocm_sdk")),
+    )
+
+
+def _parse_rocm_sdk(data: dict[str, Any] | None) -> RocmWheels | None:
+    if not data:
+        return None
+    return RocmWheels(
+        version=data.get("version") or None, version_source=data.get("version_source") or None,
+        core=data.get("core") or None, devel_installed=bool(data.get("devel_installed")),
+        devel_root=data.get("devel_root") or None, devel_expanded=bool(data.get("devel_expanded")),
+        libraries=bool(data.get("libraries")), device_targets=tuple(str(d) for d in data.get("devices") or ()),
+        scripts_dir=data.get("scripts") or None, problem=data.get("problem") or None,
     )
 
 

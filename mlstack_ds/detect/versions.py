@@ -52,3 +52,24 @@ def major_minor(version: str | None) -> str | None:
         return None
     match = _VERSION_RE.match(version)
     return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+# The last release of the legacy ROCm stream, whose HIP version numbers matched ROCm's (TheRock's 7.14 and
+# ROCm 10.x number HIP apart: ROCm 10.1 reports HIP 7.16).
+LAST_HIP_NAMED_ROCM = (7, 2)
+
+
+def major_minor_key(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string, for comparing; None when it has none."""
+    found = major_minor(version)
+    if found is None:
+        return None
+    major, minor = found.split(".")
+    return int(major), int(minor)
+
+
+def hip_names_rocm(hip_major_minor: str) -> bool:
+    """Whether a HIP `major.minor` is also the ROCm release's (the legacy stream, up to ROCm 7.2)."""
+    key = major_minor_key(hip_major_minor)
+    return key is not None and key <= LAST_HIP_NAMED_ROCM
+

@@ -112,7 +112,7 @@ def test_rocm_version_sources_in_order(fake_machine: FakeMachine, bare_python: P
                                    "#define ROCM_VERSION_MINOR 4\n#define ROCM_VERSION_PATCH 1\n"})
     assert fake_machine.detect_json("--python", str(bare_python))["rocm"] == {
         "root": str(root), "version": "6.3.3", "version_source": f"{root}/.info/version-dev",
-        "raw_version": "6.3.3"}
+        "raw_version": "6.3.3", "kind": "system"}
     (root / ".info" / "version-dev").unlink()
     assert fake_machine.detect_json("--python", str(bare_python))["rocm"]["version"] == "6.4.1"
 

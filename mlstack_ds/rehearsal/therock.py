@@ -1,0 +1,230 @@
+"""A stand-in for a venv that got ROCm as TheRock's Python wheels (`rocm`, `rocm-sdk-core`, `-devel`,
+`-libraries`, `-device-gfx*`) and a torch that depends on them, laid out as TheRock documents it.
+
+Why a stand-in: the real wheels come from AMD's own indexes, which these machines cannot reach (the public
+index only has 0.x placeholders under those names). What a tool can see of such a venv is its layout: the
+`rocm_sdk` package and its `rocm-sdk` command, `_rocm_sdk_core/.info/version`, the devel tree (expanded
+or still a `_devel.tar` beside `rocm_sdk_devel`), the distributions' metadata, the trampolines in `bin/`
+(on PATH only when the venv is activated), and torch's `+rocmX.Y` version. Only that is built here;
+`bin/rocminfo` replays a real capture, `hipcc` is a stand-in the caller names, and torch is a stub that
+reports a ROCm build (no CPU torch is imported).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+DevelState = Literal["expanded", "tarball", "absent"]
+
+ROCM_SDK_INIT = '''"""Stand-in of TheRock's rocm_sdk (mlstack-ds rehearsal): version, start-up version check."""
+import re
+import warnings
+
+__version__ = @version@
+
+
+def initialize_process(*, check_version=None, fail_on_version_mismatch=False, **_kwargs):
+    if check_version and not re.match("^" + re.escape(check_version).replace("\\\\*", ".*") + "$", __version__):
+        message = ("The program was compiled against a ROCm version matching '%s' but the installed ROCm version "
+                   "in this Python environment is %s." % (check_version, __version__))
+        if fail_on_version_mismatch:
+            raise RuntimeError(message)
+        warnings.warn(message)
+'''
+
+# `rocm-sdk path --root` expands the devel tarball first, as the real command does.
+ROCM_SDK_MAIN = '''"""Stand-in of the `rocm-sdk` command: path, version, init, targets."""
+import os
+import sys
+import tarfile
+
+import rocm_sdk
+
+SITE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEVEL = os.path.join(SITE, "_rocm_sdk_devel")
+
+
+def devel_root():
+    try:
+        import rocm_sdk_devel
+    except ModuleNotFoundError:
+        print("ERROR: Could not load the `rocm[devel]` package, which is required to access runtime tools and "
+              "development files. Please install it with your package manager (pip, uv, etc)", file=sys.stderr)
+        sys.exit(1)
+    tarball = os.path.join(os.path.dirname(rocm_sdk_devel.__file__), "_devel.tar")
+    if os.path.exists(tarball):
+        with tarfile.open(tarball) as archive:
+            archive.extractall(SITE)
+        os.unlink(tarball)
+    return DEVEL
+
+
+def main(argv=None):
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["version"]:
+        print(rocm_sdk.__version__)
+    elif args[:1] == ["path"] and args[1:2] in (["--root"], ["--bin"], ["--cmake"]):
+        root = devel_root()
+        paths = {"--root": root, "--bin": os.path.join(root, "bin"), "--cmake": os.path.join(root, "lib", "cmake")}
+        print(paths[args[1]])
+    elif args[:1] == ["init"]:
+        root = devel_root()
+        if "--quiet" not in args:
+            print("Devel links initialized in '%s'" % root)
+    elif args[:1] == ["targets"]:
+        print(@targets@)
+    else:
+        print("usage: rocm-sdk {path,version,init,targets} ...", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+TORCH_INIT = '''"""Stub torch reporting a ROCm build linked against TheRock's wheels (mlstack-ds rehearsal)."""
+__version__ = @version@
+
+
+class version:
+    hip = @hip@
+    cuda = None
+    git_version = "stand-in"
+
+
+from torch import _rocm_init  # noqa: E402  (TheRock's torch wheels generate this module)
+
+
+class _C:
+    @staticmethod
+    def _cuda_getArchFlags():
+        return @arch_flags@
+
+
+class cuda:
+    @staticmethod
+    def get_arch_list():
+        return @arch_flags@.split()
+
+    @staticmethod
+    def device_count():
+        return 0
+
+    @staticmethod
+    def is_available():
+        return False
+'''
+
+TORCH_ROCM_INIT = '''import rocm_sdk
+
+rocm_sdk.initialize_process(check_version=@rocm_version@)
+'''
+
+
+@dataclass(frozen=True)
+class TheRockVenv:
+    root: Path
+    python: Path
+    site: Path
+    devel_root: Path  # where the expanded devel tree is (or will be, after `rocm-sdk init`)
+    rocm_version: str
+
+
+def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_version: str,
+                      arch_flags: str, devices: Sequence[str], rocminfo: str | None,
+                      devel: DevelState = "expanded", hipcc: str | None = None,
+                      base_python: str = sys.executable) -> TheRockVenv:
+    """Lay out the venv under `root` (a real venv without pip, made from `base_python`). `rocminfo` is the
+    text its rocminfo prints (None: no GPU answers, the tool fails); `hipcc` the devel tree's hipcc script
+    (default: one that prints its version and fails on anything else)."""
+    subprocess.run([base_python, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
+    python = root / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    version_info = f"{rocm_version}\n"
+    _write(site / "rocm_sdk" / "__init__.py", _fill(ROCM_SDK_INIT, version=rocm_version))
+    _write(site / "rocm_sdk" / "__main__.py", _fill(ROCM_SDK_MAIN, targets=";".join(devices)))
+    _dist(site, "rocm", rocm_version)
+    core = site / "_rocm_sdk_core"
+    _write(core / "__init__.py", "")
+    _write(core / ".info" / "version", version_info)
+    if rocminfo is None:
+        _write(core / "bin" / "rocminfo", "#!/bin/sh\necho 'ROCk module is NOT loaded, possibly no GPU devices' >&2\n"
+               "exit 1\n", executable=True)
+    else:
+        _write(core / "bin" / "rocminfo.out", rocminfo)
+        replay = shlex.quote(str(core / "bin" / "rocminfo.out"))
+        _write(core / "bin" / "rocminfo", f"#!/bin/sh\nexec /bin/cat {replay}\n", executable=True)
+    _dist(site, "rocm-sdk-core", rocm_version)
+    _write(site / "_rocm_sdk_libraries" / "__init__.py", "")
+    _dist(site, "rocm-sdk-libraries", rocm_version)
+    for arch in devices:
+        _dist(site, f"rocm-sdk-device-{arch}", rocm_version)
+    devel_root = site / "_rocm_sdk_devel"
+    if devel != "absent":
+        _write(site / "rocm_sdk_devel" / "__init__.py", "")
+        _dist(site, "rocm-sdk-devel", rocm_version)
+        _lay_devel(devel_root, version_info, hipcc)
+        if devel == "tarball":
+            _pack(devel_root, site / "rocm_sdk_devel" / "_devel.tar")
+    torch = site / "torch"
+    _write(torch / "__init__.py", _fill(TORCH_INIT, version=torch_version, hip=hip_version, arch_flags=arch_flags))
+    _write(torch / "_rocm_init.py", _fill(TORCH_ROCM_INIT, rocm_version=torch_version.split("+rocm", 1)[-1]))
+    _dist(site, "torch", torch_version)
+    bin_dir = root / "bin"
+    _write(bin_dir / "rocm-sdk", f"#!{python}\nfrom rocm_sdk.__main__ import main\nmain()\n", executable=True)
+    for tool in ("rocminfo", "amd-smi"):
+        target = core / "bin" / tool
+        _write(bin_dir / tool, f"#!/bin/sh\nexec {shlex.quote(str(target))} \"$@\"\n" if target.exists() else
+               "#!/bin/sh\nexit 1\n", executable=True)
+    # The hipcc trampoline expands the devel tree on first use, as TheRock's does.
+    _write(bin_dir / "hipcc", f"#!/bin/sh\n{shlex.quote(str(bin_dir / 'rocm-sdk'))} init --quiet || exit 1\n"
+           f"exec {shlex.quote(str(devel_root / 'bin' / 'hipcc'))} \"$@\"\n", executable=True)
+    return TheRockVenv(root, python, site, devel_root, rocm_version)
+
+
+def _lay_devel(devel_root: Path, version_info: str, hipcc: str | None) -> None:
+    _write(devel_root / "__init__.py", "")
+    _write(devel_root / ".info" / "version", version_info)
+    _write(devel_root / "include" / "hip" / "hip_runtime.h", "/* stand-in */\n")
+    _write(devel_root / "include" / "hipblas" / "hipblas.h", "/* stand-in */\n")
+    _write(devel_root / "lib" / "libamdhip64.so", "")
+    _write(devel_root / "bin" / "hipcc", hipcc or "#!/bin/sh\n[ \"$1\" = --version ] && "
+           "{ echo 'HIP version: stand-in'; exit 0; }\necho 'hipcc stand-in: not a compiler' >&2\nexit 1\n",
+           executable=True)
+
+
+def _pack(directory: Path, tarball: Path) -> None:
+    """Move the devel tree into the tarball `rocm-sdk init` expands (paths relative to site-packages)."""
+    with tarfile.open(tarball, "w") as archive:
+        archive.add(directory, arcname=directory.name)
+    shutil.rmtree(directory)
+
+
+def _dist(site: Path, name: str, version: str) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    _write(info / "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    _write(info / "RECORD", "")
+
+
+def _write(path: Path, text: str, *, executable: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if executable:
+        path.chmod(0o755)
+
+
+def _fill(template: str, **values: str) -> str:
+    """`@name@` in a template replaced by the value's Python literal (templates are Python source)."""
+    for name, value in values.items():
+        template = template.replace(f"@{name}@", repr(value))
+    return template
+
