@@ -46,16 +46,20 @@ class Toolchain:
 
 
 def probe_toolchain(
-    environ: Mapping[str, str], rocm_root: Path | None, python_include: str | None = None
+    environ: Mapping[str, str], rocm_root: Path | None, python_include: str | None = None,
+    *, rocm_first: bool = False,
 ) -> Toolchain:
+    """What is installed to build with. `rocm_first`: hipcc from `<rocm_root>/bin` before PATH (the devel
+    tree of a venv's ROCm wheels, which a system hipcc on PATH must not shadow)."""
     path = environ.get("PATH", "")
     rocm_bin = [rocm_root / "bin"] if rocm_root else []
+    hipcc_path = os.pathsep.join([str(rocm_root / "bin"), path]) if rocm_first and rocm_root else path
     cuda_home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
     cuda_bin = [Path(cuda_home) / "bin"] if cuda_home else []
     ccache = next((str(d) for d in CCACHE_DIRS if (d / "g++").exists() or (d / "c++").exists()), None)
     return Toolchain(
         cxx=find_cxx(environ),
-        hipcc=_path_str(which("hipcc", rocm_bin, path=path)),
+        hipcc=_path_str(which("hipcc", rocm_bin, path=hipcc_path)),
         nvcc=_path_str(which("nvcc", cuda_bin, path=path)),
         ninja=_path_str(which("ninja", path=path)),
         ccache_dir=ccache,

@@ -91,7 +91,8 @@ def prepare(request: InstallRequest) -> Prepared:
     detection = detect_with_target(python=request.python)
     environment = detection.environment
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
-    toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir)
+    toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir,
+                                rocm_first=environment.rocm is not None and environment.rocm.kind == "wheels")
     plan = plan_build(environment, recipe, spec, toolchain, archs=archs, jobs=request.jobs,
                       patches=request.patches, source_label=request.source, mem_available=read_mem_available())
     return Prepared(environment, recipe, spec, plan, detection.target)

@@ -11,13 +11,14 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from mlstack_ds.detect.model import Environment
+from mlstack_ds.detect.model import Environment, RocmWheels
 from mlstack_ds.detect.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX, Toolchain, hint_from
-from mlstack_ds.detect.versions import major_minor
+from mlstack_ds.detect.versions import hip_names_rocm, major_minor
 from mlstack_ds.errors import EnvironmentProblem, UsageError
 from mlstack_ds.plan import buildspec
 from mlstack_ds.plan.buildjobs import BuildConcurrency, plan_concurrency
@@ -80,6 +81,7 @@ class BuildPlan:
     concurrency: BuildConcurrency | None = None  # compiles at once (buildjobs); None: one op at a time
     torch_hip: str | None = None  # the ROCm torch's HIP version: a wheel's ops are built against it
     torch_cuda: str | None = None
+    rocm_wheels: str | None = None  # the version of TheRock's ROCm wheels the ops are built against
 
     @property
     def built_ops(self) -> tuple[str, ...]:
@@ -117,6 +119,7 @@ def make_plan(
     archs: tuple[str, ...] = ()
     wavefront: int | None = None
     targets_source = ""
+    rocm_wheels: str | None = None
     if options.archs and platform != "rocm":
         raise UsageError(f"--arch applies to ROCm builds; this is a {platform} machine",
                          hint="leave out --arch")
@@ -130,7 +133,15 @@ def make_plan(
             notes.append(unchecked)
         env["PYTORCH_ROCM_ARCH"] = ";".join(archs)
         env["DS_ROCM_WAVEFRONT_SIZE"] = str(wavefront)
-        if environment.rocm and environment.rocm.root:
+        wheels = environment.rocm_wheels if environment.rocm and environment.rocm.kind == "wheels" else None
+        if wheels is not None:
+            devel_root = _require_rocm_devel(wheels, environment.python.executable)
+            # torch's cpp_extension guesses ROCM_HOME from `which hipcc` (the venv's trampoline: the venv
+            # root) or `_rocm_sdk_core` without pytorch#196503; both fail to link or compile. Named here.
+            env["ROCM_HOME"] = env["ROCM_PATH"] = devel_root
+            rocm_wheels = wheels.version
+            notes.append(f"ROCm {wheels.version} from the target's wheels: ROCM_HOME=ROCM_PATH={devel_root}")
+        elif environment.rocm and environment.rocm.root:
             env["ROCM_HOME"] = environment.rocm.root
         if not toolchain.hipcc:
             raise EnvironmentProblem("hipcc not found (needed to compile the ROCm ops)", hint=hint_from(HIPCC_FIX))
@@ -172,6 +183,8 @@ def make_plan(
         # compiler command of ninja builds.
         env["PYTORCH_NVCC"] = f"{toolchain.ccache} {toolchain.hipcc}"
     path_prepend = (toolchain.ccache_dir,) if toolchain.ccache_dir else ()
+    if rocm_wheels is not None and environment.rocm_wheels and environment.rocm_wheels.scripts_dir:
+        path_prepend += (environment.rocm_wheels.scripts_dir,)  # the wheels' tools, activated or not
     plan = BuildPlan(
         schema=PLAN_SCHEMA, recipe=recipe.name, deepspeed_version=recipe.version, source=options.source,
         source_pin=source_pin, patches=patch_refs, platform=platform, accelerator=build.accelerator,
@@ -179,7 +192,7 @@ def make_plan(
         path_prepend=path_prepend, target_python=environment.python.executable,
         python_version=environment.python.version, torch_version=torch.version,
         cache_key="", notes=tuple(notes), targets_source=targets_source, concurrency=concurrency,
-        torch_hip=torch.hip, torch_cuda=torch.cuda,
+        torch_hip=torch.hip, torch_cuda=torch.cuda, rocm_wheels=rocm_wheels,
     )
     return replace(plan, cache_key=cache_key(key_material(plan.to_dict())))
 
@@ -194,7 +207,9 @@ def key_material(plan: Mapping[str, Any]) -> dict[str, Any]:
     concurrency, notes, paths, the kind of source: PyPI, a URL or a file with the same sha256 are one
     tree). One function, so the key and `plan_differences` cannot drift apart."""
     env = plan.get("env") if isinstance(plan.get("env"), Mapping) else {}
-    return {
+    # Only where it is set, so the keys of plans against a system ROCm (and their cached wheels) stay.
+    wheels = {"rocm_wheels": plan["rocm_wheels"]} if plan.get("rocm_wheels") else {}
+    return {**wheels,
         "schema": plan.get("schema"), "deepspeed": plan.get("deepspeed_version"),
         "source_pin": plan.get("source_pin"),
         "patches": [{"name": p.get("name"), "sha256": p.get("sha256")} for p in plan.get("patches") or ()
@@ -278,10 +293,27 @@ def _refuse_wrong_torch(environment: Environment) -> None:
         )
 
 
+def _require_rocm_devel(wheels: RocmWheels, python: str) -> str:
+    """The expanded devel tree of TheRock's wheels (headers, hipcc), or the refusal with the exact fix: the
+    runtime wheels torch pulls in (`rocm[libraries]`) cannot compile anything."""
+    scripts = Path(wheels.scripts_dir) if wheels.scripts_dir else Path(python).parent
+    if not wheels.devel_installed:
+        raise EnvironmentProblem(
+            f"the target's ROCm {wheels.version} wheels have no development files (rocm[devel]): no hipcc, "
+            "no headers to compile DeepSpeed's ops",
+            hint=f'{python} -m pip install "rocm[devel]=={wheels.version}" from the index its torch came from '
+            "(doctor MLS-ROCM-010)")
+    if not wheels.devel_expanded or not wheels.devel_root:
+        raise EnvironmentProblem(
+            "the target's rocm[devel] is installed but not expanded yet (its headers and hipcc are still a "
+            "tarball)", hint=f"{scripts / 'rocm-sdk'} init   # then run the install again")
+    return wheels.devel_root
+
+
 def _refuse_old_rocm(environment: Environment, min_rocm: str) -> None:
     rocm = environment.rocm
-    version = (rocm.version if rocm else None) or (
-        major_minor(environment.torch.hip) if environment.torch else None)
+    hip = major_minor(environment.torch.hip) if environment.torch else None
+    version = (rocm.version if rocm else None) or (hip if hip and hip_names_rocm(hip) else None)
     if not version:
         return
     try:

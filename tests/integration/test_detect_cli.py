@@ -161,3 +161,13 @@ def test_bad_python_is_a_usage_error(fake_machine: FakeMachine, bad: str) -> Non
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("error: --python") and "hint:" in result.stderr
+
+
+def test_a_hip_version_past_rocm_7_2_is_not_reported_as_the_rocm_release(fake_machine: FakeMachine,
+                                                                       bare_python: Path) -> None:
+    """ROCm 10.1's hipconfig says HIP 7.16: reporting "ROCm 7.16" would gate builds on a release that never was."""
+    fake_machine.tool("hipconfig", text="7.16.26321-abcdef012")
+    report = fake_machine.detect_json("--python", str(bare_python))
+    assert report["rocm"] == {"root": None, "version": None, "version_source": "hipconfig --version",
+                              "raw_version": "7.16.26321-abcdef012", "kind": "system"}
+    assert any("HIP 7.16, which does not name the ROCm release" in w for w in report["warnings"])

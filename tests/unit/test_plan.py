@@ -292,3 +292,13 @@ def test_more_jobs_than_memory_allows_is_clamped_with_the_reason(fake_machine, b
                      PlanOptions(jobs=32), mem_available=9 * 1024**3)
     assert plan.concurrency is not None and plan.concurrency.jobs == 4 and plan.concurrency.processes <= 4
     assert any(note.startswith("--jobs 32 needs about 64 GiB") and note.endswith("using 4") for note in plan.notes)
+
+
+def test_the_wheels_version_is_key_material_only_where_the_plan_has_one() -> None:
+    """A plan against TheRock's wheels is keyed by their version; every other plan keeps the key it had."""
+    plan = {"schema": 1, "deepspeed_version": "0.19.5", "env": {"PYTORCH_ROCM_ARCH": "gfx1100"}, "archs": ["gfx1100"]}
+    assert "rocm_wheels" not in key_material(plan)
+    assert cache_key(key_material({**plan, "rocm_wheels": "7.14.0"})) != cache_key(
+        key_material({**plan, "rocm_wheels": "7.14.1"}))
+    assert plan_differences({**plan, "rocm_wheels": "7.14.1"}, {**plan, "rocm_wheels": "7.14.0"}) == [
+        'rocm_wheels: "7.14.1" here, "7.14.0" on the head']

@@ -70,3 +70,24 @@ def test_hip_version_gives_rocm_major_minor(text: str, expected: str) -> None:
 def test_amd_smi_version() -> None:
     text = (REAL / "amd-smi_version_MI350-ci_rocm-6.4.1_pytorch-pr-192824.txt").read_text()
     assert versions.parse_amd_smi_version(text) == "6.4.1"
+
+
+def test_a_hip_version_names_the_rocm_release_only_up_to_7_2() -> None:
+    """ROCm 6.x and 7.0-7.2 number HIP alike; TheRock's 7.14 and ROCm 10.1 (HIP 7.16) do not."""
+    from mlstack_ds.detect.versions import hip_names_rocm
+
+    assert [hip_names_rocm(v) for v in ("5.2", "6.4", "7.2", "7.14", "7.16", "10.1")] == [
+        True, True, True, False, False, False]
+
+
+def test_the_newest_core_directory_is_the_system_rocm_without_rocm_path(tmp_path) -> None:
+    """2026's system packages (amdrocm-*) install under /opt/rocm/core-X.Y, with nothing in /opt/rocm itself."""
+    from mlstack_ds.detect.probes import find_rocm_root
+
+    for name in ("core-7.14", "core-10.0", "core-9.1", "core-notes"):
+        (tmp_path / name).mkdir()
+    assert find_rocm_root({}, default=tmp_path) == tmp_path / "core-10.0"
+    assert find_rocm_root({"ROCM_PATH": str(tmp_path / "core-7.14")}, default=tmp_path) == tmp_path / "core-7.14"
+    (tmp_path / "bin").mkdir()  # a classic /opt/rocm stays itself
+    assert find_rocm_root({}, default=tmp_path) == tmp_path
+    assert find_rocm_root({}, default=tmp_path / "missing") is None
