@@ -7,6 +7,10 @@
 #
 # --venv DIR        the environment that gets DeepSpeed (default: .venv next to this repo). It is
 #                   created with --system-site-packages so a system-wide ROCm PyTorch stays visible.
+#                   A venv whose torch came with ROCm as Python wheels (TheRock: `rocm[libraries]`)
+#                   needs `pip install "rocm[devel]==$(DIR/bin/rocm-sdk version)"` and
+#                   `DIR/bin/rocm-sdk init` first (README, "ROCm as Python wheels"); it need not be
+#                   activated.
 # --with-torch cpu  also install the pinned CPU build of PyTorch (torch==2.13.0+cpu) into the venv,
 #                   for machines without a GPU. PyTorch is otherwise never installed behind your back:
 #                   pip's unpinned `torch` is a multi-GB CUDA build, wrong for AMD GPUs.
