@@ -60,8 +60,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     what.add_argument("--matrix", action="store_true", help="rehearse every row of the ROCm build matrix")
     parser.add_argument("--rocminfo-exit", type=int, default=0, help="rocminfo's exit status on that machine")
     parser.add_argument("--rocm", default="6.4.1", help="ROCm release of the host (default 6.4.1)")
-    parser.add_argument("--rocm-layout", choices=("opt", "distro"), default="opt",
-                        help="opt: /opt/rocm with .info/version; distro: packaged ROCm without it")
+    parser.add_argument("--rocm-layout", choices=("opt", "distro", "wheels"), default="opt",
+                        help="opt: /opt/rocm with .info/version; distro: packaged ROCm without it; wheels: ROCm as "
+                        "TheRock's Python wheels in the build venv (--rocm 7.14.0 or 10.1.0), no ROCm root")
+    parser.add_argument("--rocm-guess", choices=("devel", "venv-root"), default="devel",
+                        help="wheels: torch's own ROCM_HOME guess (venv-root: torch without pytorch#196503)")
     parser.add_argument("--torch", default="2.13.0", help="the ROCm torch release the build interpreter reports")
     parser.add_argument("--torch-build", choices=("rocm", "cpu", "cuda"), default="rocm",
                         help="rehearse a CPU or CUDA torch on the ROCm host (the plan must refuse it)")
@@ -120,7 +123,9 @@ def single_spec(args: argparse.Namespace) -> RehearsalSpec:
     archs = tuple(a for a in (args.torch_archs or "").replace(";", " ").replace(",", " ").split() if a)
     return RehearsalSpec(
         name="rehearsal", rocminfo=rocminfo_text(args.rocminfo), rocminfo_exit=args.rocminfo_exit,
-        rocm_version=args.rocm, rocm_layout=args.rocm_layout, torch_version=args.torch, torch_build=args.torch_build,
+        rocm_version=args.rocm, rocm_layout="opt" if args.rocm_layout == "wheels" else args.rocm_layout,
+        rocm_wheels=args.rocm_layout == "wheels", rocm_guess=args.rocm_guess,
+        torch_version=args.torch, torch_build=args.torch_build,
         torch_archs=archs or None, archs=args.arch, user_env=env, patches=not args.no_patches, all_ops=args.all_ops,
         syntax_hipcc=args.syntax_hipcc, syntax_stubs=str(STUBS) if args.syntax_hipcc else None)
 

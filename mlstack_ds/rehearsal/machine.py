@@ -80,7 +80,7 @@ def make_fake_host(root: Path, *, rocminfo: str, rocminfo_exit: int, rocm_versio
     if layout == "opt":
         (rocm_root / ".info").mkdir()
         (rocm_root / ".info" / "version").write_text(f"{rocm_version}-0\n")
-    standin = f"#!{sys.executable} -SE\n" + STANDIN.read_text()
+    standin = standin_script()
     for name in HOST_COMPILERS:
         _write_exe(bin_dir / name, standin)
     _write_exe(rocm_root / "bin" / "hipcc", standin)
@@ -108,6 +108,11 @@ def make_fake_host(root: Path, *, rocminfo: str, rocminfo_exit: int, rocm_versio
         **user_env,
     }
     return FakeHost(root, rocm_root, records, environ, real_cxx)
+
+
+def standin_script() -> str:
+    """The recording compiler stand-in as an executable script (stdlib only, run isolated from site)."""
+    return f"#!{sys.executable} -SE\n" + STANDIN.read_text()
 
 
 def _write_exe(path: Path, text: str) -> None:

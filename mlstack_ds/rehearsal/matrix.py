@@ -42,6 +42,7 @@ class Row:
     all_ops: bool = False
     recipe: str = "deepspeed-0.19.5"  # the pin the row builds (its series with it)
     syntax_check: bool = False  # also run Debian's hipcc -fsyntax-only on each hipified translation unit
+    rocm_guess: str = "devel"  # ROCm wheels rows: torch's own ROCM_HOME guess ("venv-root" before pytorch#196503)
 
 
 # The archs PyTorch's ROCm wheels are built for since the ROCm 6.4/7.0 builder images (PyTorch's
@@ -74,6 +75,21 @@ ROWS: tuple[Row, ...] = (
     Row("mi300x-build-host-rocm7.0-torch2.14-ds0.19.8", "MI300X (gfx942), GPU-less build host, --arch", (NO_GPU,),
         rocminfo_exit=1, rocm_version="7.0.0", torch_version="2.14.0", torch_archs=TORCH_WHEEL_ARCHS,
         archs="gfx942", recipe="deepspeed-0.19.8"),
+    # ROCm as TheRock's Python wheels in a venv that is not activated, no ROCm root on the host. No rocminfo
+    # capture of these GPUs exists here: build hosts with the targets named, as the rows above.
+    Row("rx9070-therock7.14-torch2.14", "RX 9070 (gfx1201), ROCm wheels venv, torch guessing ROCM_HOME = the "
+        "venv (before pytorch#196503)", (NO_GPU,), rocminfo_exit=1, rocm_version="7.14.0", rocm_layout="wheels",
+        torch_version="2.14.1", torch_archs=TORCH_WHEEL_ARCHS, user_env={"PYTORCH_ROCM_ARCH": "gfx1201"},
+        rocm_guess="venv-root"),
+    Row("rx9070-therock7.14-torch2.14-fixed-torch", "RX 9070 (gfx1201), ROCm wheels venv, torch guessing the "
+        "devel tree (pytorch#196503)", (NO_GPU,), rocminfo_exit=1, rocm_version="7.14.0", rocm_layout="wheels",
+        torch_version="2.14.1", torch_archs=TORCH_WHEEL_ARCHS, user_env={"PYTORCH_ROCM_ARCH": "gfx1201"}),
+    Row("strix-halo-therock7.14-torch2.14", "Strix Halo (gfx1151), ROCm wheels venv, --arch", (NO_GPU,),
+        rocminfo_exit=1, rocm_version="7.14.0", rocm_layout="wheels", torch_version="2.14.1",
+        torch_archs=TORCH_WHEEL_ARCHS, archs="gfx1151", rocm_guess="venv-root"),
+    Row("mi300x-therock10.1-torch2.13", "MI300X (gfx942), ROCm 10 wheels venv, --arch", (NO_GPU,),
+        rocminfo_exit=1, rocm_version="10.1.0", rocm_layout="wheels", torch_version="2.13.0",
+        torch_archs=TORCH_WHEEL_ARCHS, archs="gfx942"),
 )
 
 
@@ -111,7 +127,9 @@ def spec_for(row: Row, find_capture: Callable[[str], Path], syntax_hipcc: str | 
     check = row.syntax_check and syntax_hipcc is not None
     return RehearsalSpec(
         name=row.name, rocminfo=rocminfo_text([find_capture(c) for c in row.captures]),
-        rocminfo_exit=row.rocminfo_exit, rocm_version=row.rocm_version, rocm_layout=row.rocm_layout,  # type: ignore[arg-type]
+        rocminfo_exit=row.rocminfo_exit, rocm_version=row.rocm_version,
+        rocm_layout="opt" if row.rocm_layout == "wheels" else row.rocm_layout,  # type: ignore[arg-type]
+        rocm_wheels=row.rocm_layout == "wheels", rocm_guess=row.rocm_guess,
         torch_version=row.torch_version, torch_archs=row.torch_archs, archs=row.archs, user_env=row.user_env,
         patches=row.patches, all_ops=row.all_ops, syntax_hipcc=syntax_hipcc if check else None,
         syntax_stubs=str(syntax_stubs) if check and syntax_stubs else None)
@@ -191,6 +209,11 @@ def matrix_markdown(rows: Sequence[Row], results: Sequence[RehearsalResult]) -> 
         "  from 2.14, C++17 before), and wherever DeepSpeed chooses the standard itself (host compiles, and hipcc",
         "  lines from `CUDAOpBuilder.nvcc_args()`) it is the one torch builds extensions with (C++20 from 2.12).",
         "* torch's hipify runs on the real sources, and torch's `cpp_extension` writes the real compile lines.",
+        "* Rows with ROCm (wheels): ROCm as TheRock's Python wheels in a venv that is not activated, no ROCm root",
+        "  on the host (a stand-in laid out as TheRock documents it). The plan sets `ROCM_HOME` and `ROCM_PATH`",
+        "  to the wheels' devel tree and takes its hipcc, so every hipcc line reads that tree's headers",
+        "  (`-I<devel>/include`) whether torch's own guess is the venv root (before pytorch#196503) or the devel",
+        "  tree; the ROCm version checked is the wheels' (7.14.0, 10.1.0), never the HIP version.",
         "",
         "## What it cannot prove",
         "",

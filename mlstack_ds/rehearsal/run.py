@@ -34,8 +34,10 @@ from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.plan.planner import plan_build
 from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import Recipe
-from mlstack_ds.rehearsal.machine import FakeTorch, RocmLayout, make_fake_host
+from mlstack_ds.rehearsal.machine import FakeHost, FakeTorch, RocmLayout, make_fake_host, standin_script
 from mlstack_ds.rehearsal.records import OpBuild, Record, group_by_op, load_records
+from mlstack_ds.rehearsal.therock import make_therock_venv
+from mlstack_ds.runner import run
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.fetch import SourceSpec
 
@@ -46,6 +48,15 @@ NOT_FOR_ROCM = frozenset({"cutlass_ops", "ragged_device_ops", "inference_core_op
 # torch.version.hip of real ROCm wheels (sources: tests/fixtures/real/SOURCES.md), by ROCm release.
 HIP_VERSIONS = {"6.0": "6.0.32830-d62f6a171", "6.1": "6.1.40092-038397aaa", "6.2": "6.2.41134-65d174c3e",
                 "6.4": "6.4.43482-0f2d60242"}
+
+
+# torch.version.hip of TheRock's releases: they number HIP apart from ROCm (rocm-as-python-wheels.md: ROCm 10.1
+# reports HIP 7.16; 7.14 reports 7.14). Only the ROCm release is what the plan reads.
+THEROCK_HIP_VERSIONS = {"7.14": "7.14.0-rehearsal", "10.1": "7.16.0-rehearsal"}
+
+
+def therock_hip_version(rocm: str) -> str:
+    return THEROCK_HIP_VERSIONS[".".join(rocm.split(".")[:2])]
 
 
 def hip_version_for(rocm: str) -> str:
@@ -95,6 +106,12 @@ class RehearsalSpec:
     all_ops: bool = False  # DS_BUILD_OPS=1, as the upstream docs suggest, instead of the plan's op list
     syntax_hipcc: str | None = None  # Debian's hipcc: also syntax-check each hipified translation unit
     syntax_stubs: str | None = None  # device-side stub headers for that check (tests/patches/hip/stub)
+    # ROCm as TheRock's Python wheels in the build venv (no ROCm root on the host): the venv's devel tree has
+    # the recording hipcc, its rocminfo replays `rocminfo` (fails when rocminfo_exit != 0), and torch's own
+    # ROCM_HOME guess, when the environment names none, is the venv root (torch without pytorch#196503)
+    # or the devel tree (with it).
+    rocm_wheels: bool = False
+    rocm_guess: str = "devel"  # "venv-root" | "devel"
 
     @property
     def fake_torch(self) -> FakeTorch:
@@ -103,6 +120,9 @@ class RehearsalSpec:
             return FakeTorch(version=f"{self.torch_version}+cpu", hip=None, arch_flags=None)
         if self.torch_build == "cuda":
             return FakeTorch(version=f"{self.torch_version}+cu126", hip=None, cuda="12.6", arch_flags=arch_flags)
+        if self.rocm_wheels:  # TheRock's torch wheels carry the whole ROCm version: 2.14.1+rocm7.14.0
+            return FakeTorch(version=f"{self.torch_version}+rocm{self.rocm_version}",
+                             hip=therock_hip_version(self.rocm_version), arch_flags=arch_flags)
         rocm = ".".join(self.rocm_version.split(".")[:2])
         # A distribution's torch package (Fedora, Debian) carries no `+rocmX.Y` tag in its version, which
         # is one of the places 0.19.5's installed_rocm_version() looks; PyTorch's wheels do.
@@ -171,6 +191,8 @@ def rehearse(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python:
         if spec.syntax_hipcc:
             host.environ["MLSTACK_REHEARSAL_SYNTAX_HIPCC"] = spec.syntax_hipcc
             host.environ["MLSTACK_REHEARSAL_SYNTAX_STUBS"] = spec.syntax_stubs or ""
+        if spec.rocm_wheels:
+            python = _wheels_venv(spec, root / "venv", python, host)
         result = RehearsalResult(spec, "refused", 0.0)
         try:
             status(f"{spec.name}: planning")
@@ -189,10 +211,30 @@ def rehearse(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python:
         return result
 
 
+def _wheels_venv(spec: RehearsalSpec, root: Path, python: Path, host: FakeHost) -> Path:
+    """The build venv of a ROCm-wheels row, on a host that has no ROCm root of its own; its interpreter."""
+    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    torch = spec.fake_torch
+    venv = make_therock_venv(root, rocm_version=spec.rocm_version, torch_version=torch.version,
+                             hip_version=torch.hip or "", arch_flags=torch.arch_flags or "",
+                             devices=tuple(spec.archs.split(",")) if spec.archs else (),
+                             rocminfo=spec.rocminfo if spec.rocminfo_exit == 0 else None,
+                             hipcc=standin_script(), base_python=str(python), real_torch_site=Path(site))
+    host.environ.pop("ROCM_PATH", None)
+    host.environ["PATH"] = os.pathsep.join(p for p in host.environ["PATH"].split(os.pathsep)
+                                           if p != str(host.rocm_root / "bin"))
+    host.environ["MLSTACK_REHEARSAL_ROCM_GUESS"] = str(venv.root if spec.rocm_guess == "venv-root"
+                                                       else venv.devel_root)
+    return venv.python
+
+
 def _plan(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python: Path, environ: dict[str, str],
           rocm_root: Path) -> BuildPlan:
     environment = detect(environ=environ, python=python)
-    toolchain = probe_toolchain(environ, rocm_root, environment.python.include_dir)
+    rocm = environment.rocm
+    wheels = rocm is not None and rocm.kind == "wheels" and rocm.root is not None
+    toolchain = probe_toolchain(environ, Path(rocm.root) if wheels and rocm and rocm.root else rocm_root,
+                                environment.python.include_dir, rocm_first=wheels)
     # The fake host has no ccache: its masquerade links would put a real cache in front of the stand-ins.
     toolchain = dataclasses.replace(toolchain, ccache_dir=None, ccache=None)
     archs = parse_arch_option(spec.archs) if spec.archs is not None else None
@@ -261,6 +303,9 @@ def violations(result: RehearsalResult) -> list[str]:
                 problems.append(f"{where}: --offload-arch {list(record.offload_archs)} != plan {list(plan.archs)}")
             if set(record.wavefront_defines) != {plan.wavefront}:
                 problems.append(f"{where}: ROCM_WAVEFRONT_SIZE {list(record.wavefront_defines)} != {plan.wavefront}")
+            devel_include = f"-I{plan.env.get('ROCM_HOME')}/include"
+            if result.spec.rocm_wheels and devel_include not in record.argv:
+                problems.append(f"{where}: compiled without the wheels' devel headers ({devel_include})")
     return problems
 
 

@@ -141,10 +141,12 @@ class TheRockVenv:
 def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_version: str,
                       arch_flags: str, devices: Sequence[str], rocminfo: str | None,
                       devel: DevelState = "expanded", hipcc: str | None = None,
-                      base_python: str = sys.executable) -> TheRockVenv:
+                      base_python: str = sys.executable, real_torch_site: Path | None = None) -> TheRockVenv:
     """Lay out the venv under `root` (a real venv without pip, made from `base_python`). `rocminfo` is the
     text its rocminfo prints (None: no GPU answers, the tool fails); `hipcc` the devel tree's hipcc script
-    (default: one that prints its version and fails on anything else)."""
+    (default: one that prints its version and fails on anything else). `real_torch_site`: a site-packages
+    with a real torch (and setuptools) to see through a `.pth` instead of the stub torch, for a rehearsal
+    that builds (its start-up shim then makes that torch report the ROCm release)."""
     subprocess.run([base_python, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
     python = root / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -175,10 +177,13 @@ def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_
         _lay_devel(devel_root, version_info, hipcc)
         if devel == "tarball":
             _pack(devel_root, site / "rocm_sdk_devel" / "_devel.tar")
-    torch = site / "torch"
-    _write(torch / "__init__.py", _fill(TORCH_INIT, version=torch_version, hip=hip_version, arch_flags=arch_flags))
-    _write(torch / "_rocm_init.py", _fill(TORCH_ROCM_INIT, rocm_version=torch_version.split("+rocm", 1)[-1]))
-    _dist(site, "torch", torch_version)
+    if real_torch_site is not None:
+        _write(site / "_mlstack_rehearsal_torch.pth", f"{real_torch_site}\n")
+    else:
+        torch = site / "torch"
+        _write(torch / "__init__.py", _fill(TORCH_INIT, version=torch_version, hip=hip_version, arch_flags=arch_flags))
+        _write(torch / "_rocm_init.py", _fill(TORCH_ROCM_INIT, rocm_version=torch_version.split("+rocm", 1)[-1]))
+        _dist(site, "torch", torch_version)
     bin_dir = root / "bin"
     _write(bin_dir / "rocm-sdk", f"#!{python}\nfrom rocm_sdk.__main__ import main\nmain()\n", executable=True)
     for tool in ("rocminfo", "amd-smi"):

@@ -40,6 +40,11 @@ def _patch_c(module):
 def _patch_cpp_extension(module):
     if not _SETTINGS.get("hip"):
         return
+    guess = os.environ.get("MLSTACK_REHEARSAL_ROCM_GUESS")
+    if guess and not (os.environ.get("ROCM_HOME") or os.environ.get("ROCM_PATH")):
+        # A ROCm-wheels venv: what this torch release's own _find_rocm_home() would answer there (the venv
+        # root through `which hipcc` without pytorch#196503, the devel tree with it).
+        module._find_rocm_home = lambda: guess
     module.ROCM_HOME = module._find_rocm_home()
     module.HIP_HOME = module._join_rocm_home("hip") if module.ROCM_HOME else None
     module.IS_HIP_EXTENSION = module.ROCM_HOME is not None

@@ -114,6 +114,9 @@ def plan_has_libaio(result: RehearsalResult) -> bool:
     ("gfx1100+gfx1030-rocm7.0-torch2.12", ("gfx1100", "gfx1030"), 32, "detected"),
     ("rx7900xtx-rocm6.4-torch2.13-ds0.19.8", ("gfx1100",), 32, "detected"),
     ("mi300x-build-host-rocm7.0-torch2.14-ds0.19.8", ("gfx942",), 64, "flag"),
+    ("rx9070-therock7.14-torch2.14", ("gfx1201",), 32, "environment"),
+    ("strix-halo-therock7.14-torch2.14", ("gfx1151",), 32, "flag"),
+    ("mi300x-therock10.1-torch2.13", ("gfx942",), 64, "flag"),
 ])
 def test_targets_and_wavefront_per_machine(rehearsals, row, archs, wave, source):
     result = rehearsals[row]
@@ -189,6 +192,23 @@ def test_all_ops_with_series_builds_only_what_rocm_can(rehearsals):
     assert violations(result) == []
     assert not set(result.ops) & NOT_FOR_ROCM
     assert {"fused_adam", "cpu_adam", "quantizer", "transformer"} <= set(result.ops)
+
+
+WHEELS_ROWS = [r.name for r in ROWS if r.rocm_layout == "wheels"]
+
+
+@pytest.mark.parametrize("row", WHEELS_ROWS)
+def test_a_rocm_wheels_venv_builds_against_its_devel_tree(rehearsals, row):
+    """Not activated, no ROCm root on the host, torch guessing the venv root or the devel tree: the plan names
+    ROCM_HOME and ROCM_PATH itself, so every hipcc line reads the devel tree's headers either way (without it,
+    torch's guess gives `cannot find -lamdhip64` or `hipblas/hipblas.h: No such file or directory`)."""
+    result = rehearsals[row]
+    assert result.plan is not None and result.plan.rocm_wheels == result.spec.rocm_version
+    devel = result.plan.env["ROCM_HOME"]
+    assert devel == result.plan.env["ROCM_PATH"] and devel.endswith("/site-packages/_rocm_sdk_devel")
+    assert hip_compiles(result)
+    for record in hip_compiles(result):
+        assert f"-I{devel}/include" in record.argv
 
 
 def test_docs_matrix_is_current(rehearsals):
