@@ -144,3 +144,9 @@ def test_torchs_hip_is_not_compared_with_the_wheels_release() -> None:
     """ROCm 10.1 reports HIP 7.16: MLS-TORCH-004's HIP comparison would call a matching pair different."""
     env = therock_env(rocm_wheels("10.1.0"), torch=rocm_torch("2.13.0+rocm10.1.0", "7.16.0-stand-in", ["gfx1100"]))
     assert findings(make_input(env)) == {}
+
+
+def test_a_system_rocm_named_by_rocm_path_is_said_to_be_used_by_builds() -> None:
+    env = therock_env(system_rocm=SYSTEM_62, env_vars={"ROCM_PATH": "/opt/rocm-6.2.2"})
+    finding = findings(make_input(env))["MLS-ROCM-008"]
+    assert "(ROCM_PATH point(s) at it: builds would use it)" in finding.evidence

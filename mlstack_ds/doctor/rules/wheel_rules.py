@@ -112,10 +112,13 @@ def system_rocm_beside_wheels(inp: DoctorInput) -> Hit | None:
     if system is None or rocm is None or not torch_on_wheels(inp) or system.version == rocm.version:
         return None
     where = system.root or system.version_source or "?"
+    named = [name for name in ("ROCM_HOME", "ROCM_PATH")
+             if system.root and (value := env_value(inp, name)) and _same_dir(value, system.root)]
+    pointed = f" ({' and '.join(named)} point(s) at it: builds would use it)" if named else ""
     return Hit(
         f"a system ROCm {system.version or '(unknown version)'} ({where}) is installed beside the wheels' ROCm "
-        f"{rocm.version}; torch loads the wheels' runtime, so op builds must use the wheels' headers and hipcc, "
-        "but tools that look for /opt/rocm, ROCM_PATH or hipcc on PATH first find the system one",
+        f"{rocm.version}{pointed}; torch loads the wheels' runtime, so op builds must use the wheels' headers and "
+        "hipcc, but tools that look for /opt/rocm, ROCM_PATH or hipcc on PATH first find the system one",
         fix=(ROCM_HOME_FIX + "   # with the venv activated: the wheels' devel tree, not the system ROCm",
              f"keep {system.root or 'the system ROCm'}/bin after the venv's bin on PATH (activate the venv last) "
              "and its lib/ out of LD_LIBRARY_PATH while building or running DeepSpeed"),
