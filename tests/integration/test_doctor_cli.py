@@ -15,6 +15,8 @@ import pytest
 from support.cli import CliResult, run_cli
 from support.fakemachine import FakeMachine
 
+from mlstack_ds.rehearsal.therock import DevelState, make_therock_venv
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REAL = FIXTURES / "real"
 RX7900 = REAL / "rocminfo_gfx1100_rocm-issue-3949.txt"
@@ -34,7 +36,9 @@ class DoctorMachine:
     """The tests' fake machine (support.fakemachine) as doctor sees it: ROCm 6.2.2 with a hipcc, rocminfo
     replaying `capture`, a /dev, /proc, /sys root, and a JIT cache of its own (never the user's)."""
 
-    def __init__(self, tmp: Path, capture: Path | None, kfd_targets: tuple[int, ...] = ()) -> None:
+    def __init__(self, tmp: Path, capture: Path | None, kfd_targets: tuple[int, ...] = (),
+                 python: Path | str = sys.executable) -> None:
+        self.python = str(python)
         self.fake = FakeMachine(tmp)
         if capture is not None:
             self.fake.tool("rocminfo", capture)
@@ -45,7 +49,7 @@ class DoctorMachine:
         self.root = self.fake.sys_root(gpu=capture is not None, kfd_targets=kfd_targets)
 
     def run(self, *args: str, stdin: str | None = None, **env: str) -> CliResult:
-        return run_cli("doctor", "--python", sys.executable, "--sys-root", self.root, *args,
+        return run_cli("doctor", "--python", self.python, "--sys-root", self.root, *args,
                        base_env={**self.fake.host_environ(), **env}, timeout=300, input=stdin)
 
 
@@ -258,3 +262,39 @@ def test_hostfile_with_an_option_about_this_machine_is_exit_2(tmp_path: Path) ->
     result = DoctorMachine(tmp_path, None).run("--hostfile", str(hostfile), "--log", str(hostfile))
     assert result.returncode == 2
     assert "error: --hostfile checks the nodes over ssh; --log is about this machine" in result.stderr
+
+
+def therock_machine(tmp: Path, devel: DevelState) -> DoctorMachine:
+    """An RX 7900 XTX whose target is a stand-in TheRock venv (ROCm 7.14.0 as wheels, torch 2.14.1+rocm7.14.0),
+    not activated: doctor is only given its interpreter. The fake machine's system ROCm 6.2.2 stays beside it."""
+    venv = make_therock_venv(tmp / "venv", rocm_version="7.14.0", torch_version="2.14.1+rocm7.14.0",
+                             hip_version="7.14.0-stand-in", arch_flags="gfx1100", devices=["gfx1100"],
+                             rocminfo=RX7900.read_text(), devel=devel)
+    return DoctorMachine(tmp / "machine", RX7900, kfd_targets=(110000,), python=venv.python)
+
+
+def test_therock_venv_without_rocm_devel(tmp_path: Path) -> None:
+    result = therock_machine(tmp_path, "absent").run("--json")
+    assert result.returncode == EXIT_ENVIRONMENT, result.stderr
+    document = json.loads(result.stdout)
+    assert document["environment"]["rocm"]["kind"] == "wheels"
+    assert document["environment"]["rocm_wheels"]["devel_installed"] is False
+    found = findings(result)
+    finding = found["MLS-ROCM-005"]
+    assert finding["severity"] == "error"
+    assert any('"rocm[devel]==7.14.0"' in step for step in finding["fix"])
+    assert f"{tmp_path / 'venv' / 'bin' / 'rocm-sdk'} init" in finding["fix"]
+    assert "MLS-ROCM-006" not in found and "MLS-ROCM-009" not in found
+    shadow = found["MLS-ROCM-008"]  # the fake machine's system ROCm 6.2.2, named by its ROCM_PATH
+    assert shadow["severity"] == "warning"
+    assert "ROCM_PATH point(s) at it" in shadow["evidence"]
+
+
+def test_therock_venv_with_rocm_devel_not_expanded(tmp_path: Path) -> None:
+    result = therock_machine(tmp_path, "tarball").run("--json")
+    found = findings(result)
+    finding = found["MLS-ROCM-006"]
+    assert finding["severity"] == "warning"
+    assert finding["fix"][0] == f"{tmp_path / 'venv' / 'bin' / 'rocm-sdk'} init"
+    assert "MLS-ROCM-005" not in found
+    assert not list((tmp_path / "venv").glob("lib/python*/site-packages/_rocm_sdk_devel"))  # doctor expanded nothing

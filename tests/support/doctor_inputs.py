@@ -15,6 +15,7 @@ from mlstack_ds.detect.model import (
     GpuAgent,
     PythonInfo,
     RocmInstall,
+    RocmWheels,
     TorchInfo,
 )
 from mlstack_ds.detect.rocminfo import gpu_agents, parse_rocminfo
@@ -110,3 +111,43 @@ def ds_build(
 
 def make_input(env: Environment | None = None, facts: SystemFacts | None = None, **kw: Any) -> DoctorInput:
     return DoctorInput(env=env or make_env(), facts=facts or healthy_facts(), **kw)
+
+
+# ROCm as TheRock's wheels in a venv (mlstack_ds.rehearsal.therock lays out the same on disk).
+VENV = "/home/u/venv"
+VENV_SITE = f"{VENV}/lib/python3.12/site-packages"
+# No real TheRock torch's HIP string was captured (the wheels are out of reach here): a stand-in.
+HIP_714 = "7.14.0-stand-in"
+
+
+def rocm_wheels(version: str = "7.14.0", devel: str = "expanded") -> RocmWheels:
+    """What detect reads of the wheels: devel "expanded", "tarball" (installed, `rocm-sdk init` not run) or
+    "absent" (no rocm[devel])."""
+    return RocmWheels(
+        version=version, version_source="rocm_sdk.__version__", core=f"{VENV_SITE}/_rocm_sdk_core",
+        devel_installed=devel != "absent",
+        devel_root=f"{VENV_SITE}/_rocm_sdk_devel" if devel == "expanded" else None,
+        devel_expanded=devel == "expanded", libraries=True, device_targets=("gfx1100",),
+        scripts_dir=f"{VENV}/bin",
+    )
+
+
+def therock_env(
+    wheels: RocmWheels | None = None,
+    torch: TorchInfo | str | None = "rocm",
+    system_rocm: RocmInstall | None = None,
+    env_vars: dict[str, str] | None = None,
+) -> Environment:
+    """An RX 7900 XTX whose target venv has ROCm as wheels and (by default) a torch built for them; the ROCm
+    detect reports is the wheels' (rooted where a build must look), as detect_with_target makes it."""
+    wheels = rocm_wheels() if wheels is None else wheels
+    torch_info = rocm_torch(f"2.14.1+rocm{wheels.version}", HIP_714, ["gfx1100"]) if torch == "rocm" else torch
+    assert not isinstance(torch_info, str)
+    rocm = None
+    if torch_info is not None and torch_info.hip:
+        root = wheels.devel_root if wheels.devel_expanded else wheels.core
+        rocm = RocmInstall(root, wheels.version, "rocm_sdk.__version__ (ROCm wheels in the target)", wheels.version,
+                           kind="wheels")
+    env = make_env(torch=torch_info, rocm=rocm, env_vars=env_vars)
+    return dataclasses.replace(env, rocm=rocm, rocm_wheels=wheels, system_rocm=system_rocm,
+                               python=PythonInfo(f"{VENV}/bin/python", "3.12.3", prefix=VENV))

@@ -51,6 +51,8 @@ LOG_CASES: dict[str, str] = {
     "aio-undefined-io_submit_captured-nvme-offload-prebuilt-without-libaio.txt": "MLS-LOG-011",
     "gloo-loopback-fallback_captured-two-hosts-hostname-unresolved.txt": "MLS-NET-004",
     "gloo-loopback-127.0.1.1_captured-two-hosts-etc-hosts-line.txt": "MLS-NET-004",
+    "cannot-find-lamdhip64_aiter-3264.txt": "MLS-LOG-012",
+    "hipblas-header-missing_pytorch-196503.txt": "MLS-LOG-013",
 }
 # Whole logs captured on this machine (SOURCES.md): the first line the rule must quote, when not line 1.
 FIRST_MATCH: dict[str, int] = {
@@ -248,3 +250,13 @@ def test_abort_at_exit_explanation_is_one_amendable_constant() -> None:
     assert rule.symptom is launch_rules.ABORT_AT_EXIT_EXPLANATION
     assert rule.fix is launch_rules.ABORT_AT_EXIT_FIX
     assert "torch.distributed.destroy_process_group()" in rule.fix[0]
+
+
+def test_clangs_form_of_the_missing_hipblas_header_is_recognised() -> None:
+    """hipcc (clang) words the same failure `'<header>' file not found`."""
+    line = "fatal error: 'hipblas/hipblas.h' file not found"
+    assert ids(line) == {"MLS-LOG-013"}
+
+
+def test_other_missing_libraries_are_not_the_wheels_link_failure() -> None:
+    assert "MLS-LOG-012" not in ids("/usr/bin/ld: cannot find -lrocm_smi64: No such file or directory")

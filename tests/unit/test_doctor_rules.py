@@ -19,6 +19,8 @@ from support.doctor_inputs import (
     make_env,
     make_input,
     rocm_torch,
+    rocm_wheels,
+    therock_env,
 )
 
 from mlstack_ds.detect.model import DeepSpeedInfo, GpuAgent, RocmInstall, TorchInfo
@@ -80,6 +82,9 @@ def jit_locks(*owners: tuple[int, ...], unreadable: int = 0) -> DoctorInput:
     """One cpu_adam lock per entry of `owners` (pids building it; () for a killed build)."""
     locks = tuple(JitLock(f"{EXT}/op{n}/lock", f"op{n}", 3 * 3600.0, pids) for n, pids in enumerate(owners))
     return make_input(facts=healthy_facts(jit_locks=JitLockScan(EXT, locks, unreadable)))
+
+
+SYSTEM_ROCM = RocmInstall("/opt/rocm-6.2.2", "6.2.2", "/opt/rocm-6.2.2/.info/version", "6.2.2-116")
 
 
 SHM = "/dev/shm/deepspeed_allreduce_buffer_0_127.0.0.1_29517_"  # the names the captured run left
@@ -151,6 +156,12 @@ TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
     "MLS-SYS-004": lambda: cpu_box(**{"c++": "/usr/bin/c++"}),
     "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4")),
                                       healthy_facts(kernel_cmdline="ro quiet")),
+    "MLS-ROCM-005": lambda: make_input(therock_env(rocm_wheels(devel="absent"))),
+    "MLS-ROCM-006": lambda: make_input(therock_env(rocm_wheels(devel="tarball"))),
+    "MLS-ROCM-007": lambda: make_input(therock_env(env_vars={"ROCM_HOME": "/home/u/venv"})),
+    "MLS-ROCM-008": lambda: make_input(therock_env(system_rocm=SYSTEM_ROCM)),
+    "MLS-ROCM-009": lambda: make_input(therock_env(rocm_wheels("7.14.1"),
+                                                   torch=rocm_torch("2.14.1+rocm7.14.0", arch_list=["gfx1100"]))),
 }
 
 # rule id -> the closest machine that does NOT have the problem
@@ -198,6 +209,13 @@ SILENT: dict[str, Callable[[], DoctorInput]] = {
     "MLS-SYS-003": lambda: shm_segments((4242,), (4243,)),  # a job running
     "MLS-SYS-004": lambda: cpu_box(numactl="/usr/bin/numactl"),
     "MLS-NET-001": lambda: make_input(make_env(gpus_from(MI210X4), rocm=rocm("6.2.4"))),  # iommu=pt
+    "MLS-ROCM-005": lambda: make_input(therock_env()),  # rocm[devel] installed and expanded
+    "MLS-ROCM-006": lambda: make_input(therock_env(rocm_wheels(devel="absent"))),  # MLS-ROCM-005 speaks
+    "MLS-ROCM-007": lambda: make_input(therock_env(env_vars={
+        "ROCM_HOME": "/home/u/venv/lib/python3.12/site-packages/_rocm_sdk_devel"})),
+    "MLS-ROCM-008": lambda: make_input(make_env()),  # a system ROCm alone
+    "MLS-ROCM-009": lambda: make_input(therock_env(rocm_wheels("7.14.0"),
+                                                   torch=rocm_torch("2.14.1+rocm7.14", arch_list=["gfx1100"]))),
 }
 
 

@@ -15,6 +15,7 @@ from mlstack_ds.doctor.rules import (
     system_rules,
     torch_rules,
     variable_rules,
+    wheel_rules,
 )
 
 
@@ -34,6 +35,7 @@ RULES: tuple[Rule, ...] = _registry(
     torch_rules.RULES,
     device_rules.RULES,
     env_rules.RULES,
+    wheel_rules.RULES,
     variable_rules.RULES,
     build_rules.RULES,
     jit_rules.RULES,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from mlstack_ds.doctor.model import Rule
+from mlstack_ds.doctor.rules.wheel_rules import ROCM_HOME_FIX
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -98,5 +99,30 @@ RULES: tuple[Rule, ...] = (
         source="DeepSpeed 0.19.5 op_builder/cpu/builder.py and op_builder/cpu/async_io.py; reproduced here "
         "(tests/fixtures/doctor-logs/SOURCES.md); docs/patches.md, 0018",
         log_patterns=(re.compile(r"async_io_op\S*\.so: undefined symbol: io_submit"),),
+    ),
+    Rule(
+        id="MLS-LOG-012", severity="error", title="The op link looked for libamdhip64 under the venv root",
+        symptom="`/usr/bin/ld: cannot find -lamdhip64: No such file or directory`: with ROCm as TheRock's wheels, "
+        "`which hipcc` is the venv's trampoline, so cpp_extension took the venv root for ROCM_HOME and links "
+        "with `-L<venv>/lib`, where no libamdhip64 is.",
+        fix=("<venv>/bin/rocm-sdk init   # needs rocm[devel] of the installed rocm version (MLS-ROCM-005)",
+             ROCM_HOME_FIX + "   # the devel root; then rebuild",
+             "with a system ROCm: export ROCM_HOME=<the ROCm root whose lib/ has libamdhip64.so>"),
+        source="ROCm/aiter#3264 (the quoted linker line; reconstructed fixture, tests/fixtures/doctor-logs/"
+        "SOURCES.md); pytorch#180211 (ROCM_HOME became the venv root)",
+        log_patterns=(re.compile(r"cannot find -lamdhip64"),),
+    ),
+    Rule(
+        id="MLS-LOG-013", severity="error", title="hipBLAS headers not found: ROCM_HOME is not the devel tree",
+        symptom="`hipblas/hipblas.h: No such file or directory` (clang: `'hipblas/hipblas.h' file not found`) "
+        "compiling an op that includes ATen's HIP headers: with TheRock's wheels, cpp_extension's ROCM_HOME is "
+        "`_rocm_sdk_core`, which has the HIP runtime headers but not the math libraries'.",
+        fix=("<venv>/bin/rocm-sdk init   # needs rocm[devel] of the installed rocm version (MLS-ROCM-005)",
+             ROCM_HOME_FIX + "   # the devel root; then rebuild",
+             "with a system ROCm: install its hipblas development package"),
+        source="pytorch#196503 and #197449 (ROCM-30466: the quoted error building dummy_allocator in TestMemPool; "
+        "reconstructed fixture, tests/fixtures/doctor-logs/SOURCES.md); pytorch#180723 (ROCM_HOME guessed as "
+        "_rocm_sdk_core)",
+        log_patterns=(re.compile(r"hipblas/hipblas\.h'?:? (No such file or directory|file not found)"),),
     ),
 )

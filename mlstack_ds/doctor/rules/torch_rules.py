@@ -43,6 +43,8 @@ def torch_hip_differs_from_rocm(inp: DoctorInput) -> Hit | None:
         return None
     if rocm.version_source == "torch.version.hip":
         return None  # the system ROCm version is unknown; nothing to compare with
+    if rocm.kind == "wheels":
+        return None  # TheRock's releases number HIP apart (ROCm 10.1 has HIP 7.16): MLS-ROCM-009 compares +rocmX.Y
     torch_mm, rocm_mm = major_minor(torch.hip), major_minor(rocm.version)
     if not torch_mm or not rocm_mm or torch_mm == rocm_mm:
         return None
