@@ -302,7 +302,7 @@ def _require_rocm_devel(wheels: RocmWheels, python: str) -> str:
             f"the target's ROCm {wheels.version} wheels have no development files (rocm[devel]): no hipcc, "
             "no headers to compile DeepSpeed's ops",
             hint=f'{python} -m pip install "rocm[devel]=={wheels.version}" from the index its torch came from '
-            "(doctor MLS-ROCM-010)")
+            "(doctor MLS-ROCM-005)")
     if not wheels.devel_expanded or not wheels.devel_root:
         raise EnvironmentProblem(
             "the target's rocm[devel] is installed but not expanded yet (its headers and hipcc are still a "
