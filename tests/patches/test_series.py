@@ -16,6 +16,8 @@ def test_series_applies_in_order(patched_tree):
     assert "def set_rocm_arch_env" in (patched_tree / "op_builder" / "builder.py").read_text()
     # the sdist's copy used by JIT loads at run time got the same hunks
     assert "def set_rocm_arch_env" in (patched_tree / "deepspeed/ops/op_builder/builder.py").read_text()
+    # 0021 is for JIT builds at run time, which import that copy
+    assert "def rocm_tool_paths" in (patched_tree / "deepspeed/ops/op_builder/builder.py").read_text()
 
 
 def test_next_series_applies_to_its_sdist_with_no_offset_or_fuzz(next_pristine_tree, tmp_path):
@@ -25,7 +27,7 @@ def test_next_series_applies_to_its_sdist_with_no_offset_or_fuzz(next_pristine_t
     shutil.copytree(next_pristine_tree, tree, symlinks=True)
     series = series_for_recipe(find_recipe("deepspeed-0.19.8"))
     assert [p.name[:4] for p in series.patches] == ["0010", "0011", "0012", "0013", "0014", "0015", "0016",
-                                                     "0017", "0018", "0019", "0020"]
+                                                     "0017", "0018", "0019", "0020", "0021"]
     for patch in series.patches:
         result = subprocess.run(["git", "apply", "--verbose", str(patch.path)], cwd=tree, capture_output=True,
                                 text=True, check=False)
@@ -37,3 +39,4 @@ def test_next_series_applies_to_its_sdist_with_no_offset_or_fuzz(next_pristine_t
     assert len(applied.commits) == len(series.patches)
     assert "self.amd_config = get_amd_config(param_dict)" in (fresh / "deepspeed/runtime/config.py").read_text()
     assert "def set_rocm_arch_env" in (fresh / "deepspeed/ops/op_builder/builder.py").read_text()
+    assert "def rocm_tool_paths" in (fresh / "deepspeed/ops/op_builder/builder.py").read_text()

@@ -19,8 +19,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "patches" / "fixtures"
 
 
 def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | None = None,
-                       path_prepend: Sequence[Path] = (), timeout: float = 300) -> RunResult:
-    """Run the test interpreter with `args`, importing DeepSpeed from `tree`, on the CPU accelerator."""
+                       path_prepend: Sequence[Path] = (), timeout: float = 300,
+                       python: str | Path = sys.executable) -> RunResult:
+    """Run the test interpreter (or `python`, e.g. a fake venv's) with `args`, importing DeepSpeed from `tree`,
+    on the CPU accelerator."""
     # ROCm settings of the machine running the tests must not leak into a test's fake machine.
     child_env = without_host_variables(os.environ)
     child_env.update({
@@ -30,7 +32,7 @@ def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | N
         "PATH": os.pathsep.join([*map(str, path_prepend), child_env.get("PATH", "")]),
     })
     child_env.update(env or {})
-    return run([sys.executable, *map(str, args)], env=child_env, cwd=tree, timeout=timeout)
+    return run([str(python), *map(str, args)], env=child_env, cwd=tree, timeout=timeout)
 
 
 
