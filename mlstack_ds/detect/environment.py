@@ -55,15 +55,18 @@ def detect(
     environ: Mapping[str, str] | None = None,
     python: str | Path | None = None,
     tool_timeout: float = probes.TOOL_TIMEOUT_S,
+    rocm_default: Path = probes.DEFAULT_ROCM_ROOT,
 ) -> Environment:
-    """Read the machine and the target interpreter. Never raises for what a machine may lack."""
-    return detect_with_target(environ, python, tool_timeout).environment
+    """Read the machine and the target interpreter. Never raises for what a machine may lack.
+    `rocm_default`: where ROCm is when no variable names it (`/opt/rocm`; a rehearsal's fake host's own)."""
+    return detect_with_target(environ, python, tool_timeout, rocm_default).environment
 
 
 def detect_with_target(
     environ: Mapping[str, str] | None = None,
     python: str | Path | None = None,
     tool_timeout: float = probes.TOOL_TIMEOUT_S,
+    rocm_default: Path = probes.DEFAULT_ROCM_ROOT,
 ) -> Detection:
     """`detect`, keeping the target probe's whole answer (install and doctor reuse it instead of
     starting the interpreter again)."""
@@ -71,7 +74,8 @@ def detect_with_target(
     target_python = resolve_python(python)
     hsa_override = environ.get("HSA_OVERRIDE_GFX_VERSION") or None
     wheels_bin = wheels_scripts_dir(target_python)
-    ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ), timeout=tool_timeout,
+    ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ, rocm_default),
+                             timeout=tool_timeout,
                              first_dirs=(wheels_bin,) if wheels_bin else ())
 
     # The target probe (seconds: it imports torch) runs while the ROCm tools are asked, not after them.

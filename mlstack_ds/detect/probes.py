@@ -17,6 +17,7 @@ from mlstack_ds.errors import ToolError
 from mlstack_ds.runner import RunResult, run, which
 
 TOOL_TIMEOUT_S = 30.0
+DEFAULT_ROCM_ROOT = Path("/opt/rocm")
 
 
 @dataclass
@@ -57,7 +58,7 @@ class ToolContext:
         return result
 
 
-def find_rocm_root(environ: Mapping[str, str], default: Path = Path("/opt/rocm")) -> Path | None:
+def find_rocm_root(environ: Mapping[str, str], default: Path = DEFAULT_ROCM_ROOT) -> Path | None:
     """`$ROCM_PATH`, else `$ROCM_HOME`, else `/opt/rocm`: the first that exists. A `/opt/rocm` that holds
     no ROCm of its own but `core-X.Y` directories (the 2026 system packages, `amdrocm-*`) gives the newest
     of those."""

@@ -40,7 +40,7 @@ def without_host_variables(environ: Mapping[str, str]) -> dict[str, str]:
     rehearsal's, or a test's) answers for itself; the tests' fake machines use the same list."""
     return {k: v for k, v in environ.items() if k not in HOST_VARIABLES and not k.startswith(HOST_PREFIXES)}
 
-RocmLayout = Literal["opt", "distro"]
+RocmLayout = Literal["opt", "distro", "core"]  # core: 2026 system packages, /opt/rocm/core-X.Y, no ROCM_PATH
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class FakeHost:
     records: Path
     environ: dict[str, str]
     real_cxx: str
+    opt_rocm: Path  # what detect takes for /opt/rocm on this host
 
 
 def make_fake_host(root: Path, *, rocminfo: str, rocminfo_exit: int, rocm_version: str, hip_version: str,
@@ -72,12 +73,13 @@ def make_fake_host(root: Path, *, rocminfo: str, rocminfo_exit: int, rocm_versio
         raise EnvironmentProblem("the rehearsal needs a real host C/C++ compiler (for DeepSpeed's library probes)",
                                  hint="apt-get install build-essential")
     bin_dir = root / "bin"
-    rocm_root = root / "rocm"
+    opt_rocm = root / "opt-rocm"  # the host's /opt/rocm
+    rocm_root = opt_rocm / f"core-{'.'.join(rocm_version.split('.')[:2])}" if layout == "core" else root / "rocm"
     records = root / "records"
     shim = root / "shim"
     for directory in (bin_dir, rocm_root / "bin", rocm_root / "include", records, shim):
         directory.mkdir(parents=True, exist_ok=True)
-    if layout == "opt":
+    if layout in ("opt", "core"):
         (rocm_root / ".info").mkdir()
         (rocm_root / ".info" / "version").write_text(f"{rocm_version}-0\n")
     standin = standin_script()
@@ -94,8 +96,10 @@ def make_fake_host(root: Path, *, rocminfo: str, rocminfo_exit: int, rocm_versio
     kept = without_host_variables(base_environ)
     environ = {
         **kept,
-        "PATH": os.pathsep.join([str(bin_dir), str(rocm_root / "bin"), base_environ.get("PATH", "")]),
-        "ROCM_PATH": str(rocm_root),
+        "PATH": os.pathsep.join([str(bin_dir), *([] if layout == "core" else [str(rocm_root / "bin")]),
+                                 base_environ.get("PATH", "")]),
+        # The core-X.Y layout is found by detect under the host's /opt/rocm, with no variable naming it.
+        **({} if layout == "core" else {"ROCM_PATH": str(rocm_root)}),
         "PYTHONPATH": str(shim),
         "MLSTACK_REHEARSAL_TORCH": json.dumps({"version": torch.version, "hip": torch.hip, "cuda": torch.cuda,
                                                "arch_flags": torch.arch_flags}),
@@ -107,7 +111,7 @@ def make_fake_host(root: Path, *, rocminfo: str, rocminfo_exit: int, rocm_versio
         "MLSTACK_REHEARSAL_HIP_VERSION": hip_version,
         **user_env,
     }
-    return FakeHost(root, rocm_root, records, environ, real_cxx)
+    return FakeHost(root, rocm_root, records, environ, real_cxx, opt_rocm)
 
 
 def standin_script() -> str:

@@ -90,6 +90,10 @@ ROWS: tuple[Row, ...] = (
     Row("mi300x-therock10.1-torch2.13", "MI300X (gfx942), ROCm 10 wheels venv, --arch", (NO_GPU,),
         rocminfo_exit=1, rocm_version="10.1.0", rocm_layout="wheels", torch_version="2.13.0",
         torch_archs=TORCH_WHEEL_ARCHS, archs="gfx942"),
+    # The new stream's system packages: /opt/rocm/core-10.0, found with no ROCM_PATH, bin not on PATH.
+    Row("mi300x-core10.0-torch2.13", "MI300X (gfx942), /opt/rocm/core-10.0 system packages, no ROCM_PATH, --arch",
+        (NO_GPU,), rocminfo_exit=1, rocm_version="10.0.0", rocm_layout="core", torch_version="2.13.0",
+        torch_archs=TORCH_WHEEL_ARCHS, archs="gfx942"),
 )
 
 

@@ -52,7 +52,9 @@ HIP_VERSIONS = {"6.0": "6.0.32830-d62f6a171", "6.1": "6.1.40092-038397aaa", "6.2
 
 # torch.version.hip of TheRock's releases: they number HIP apart from ROCm (rocm-as-python-wheels.md: ROCm 10.1
 # reports HIP 7.16; 7.14 reports 7.14). Only the ROCm release is what the plan reads.
-THEROCK_HIP_VERSIONS = {"7.14": "7.14.0-rehearsal", "10.1": "7.16.0-rehearsal"}
+# ROCm 10.0's HIP number is not documented: 7.15 is assumed (between 7.14's and 10.1's); DeepSpeed's setup.py
+# parses it as numbers, nothing of ours reads it.
+THEROCK_HIP_VERSIONS = {"7.14": "7.14.0-rehearsal", "10.0": "7.15.0-rehearsal-assumed", "10.1": "7.16.0-rehearsal"}
 
 
 def therock_hip_version(rocm: str) -> str:
@@ -121,6 +123,9 @@ class RehearsalSpec:
         if self.torch_build == "cuda":
             return FakeTorch(version=f"{self.torch_version}+cu126", hip=None, cuda="12.6", arch_flags=arch_flags)
         if self.rocm_wheels:  # TheRock's torch wheels carry the whole ROCm version: 2.14.1+rocm7.14.0
+            return FakeTorch(version=f"{self.torch_version}+rocm{self.rocm_version}",
+                             hip=therock_hip_version(self.rocm_version), arch_flags=arch_flags)
+        if self.rocm_layout == "core":  # the new stream's system packages, with a torch built for them
             return FakeTorch(version=f"{self.torch_version}+rocm{self.rocm_version}",
                              hip=therock_hip_version(self.rocm_version), arch_flags=arch_flags)
         rocm = ".".join(self.rocm_version.split(".")[:2])
@@ -196,7 +201,8 @@ def rehearse(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python:
         result = RehearsalResult(spec, "refused", 0.0)
         try:
             status(f"{spec.name}: planning")
-            plan = _plan(spec, recipe, source, python=python, environ=host.environ, rocm_root=host.rocm_root)
+            plan = _plan(spec, recipe, source, python=python, environ=host.environ, rocm_root=host.rocm_root,
+                         opt_rocm=host.opt_rocm)
             result.plan = plan
             status(f"{spec.name}: building {', '.join(plan.built_ops)} for {', '.join(plan.archs)}")
             result.outcome = "build-failed"
@@ -229,8 +235,8 @@ def _wheels_venv(spec: RehearsalSpec, root: Path, python: Path, host: FakeHost) 
 
 
 def _plan(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python: Path, environ: dict[str, str],
-          rocm_root: Path) -> BuildPlan:
-    environment = detect(environ=environ, python=python)
+          rocm_root: Path, opt_rocm: Path) -> BuildPlan:
+    environment = detect(environ=environ, python=python, rocm_default=opt_rocm)
     rocm = environment.rocm
     wheels = rocm is not None and rocm.kind == "wheels" and rocm.root is not None
     toolchain = probe_toolchain(environ, Path(rocm.root) if wheels and rocm and rocm.root else rocm_root,

@@ -117,6 +117,7 @@ def plan_has_libaio(result: RehearsalResult) -> bool:
     ("rx9070-therock7.14-torch2.14", ("gfx1201",), 32, "environment"),
     ("strix-halo-therock7.14-torch2.14", ("gfx1151",), 32, "flag"),
     ("mi300x-therock10.1-torch2.13", ("gfx942",), 64, "flag"),
+    ("mi300x-core10.0-torch2.13", ("gfx942",), 64, "flag"),
 ])
 def test_targets_and_wavefront_per_machine(rehearsals, row, archs, wave, source):
     result = rehearsals[row]
@@ -209,6 +210,15 @@ def test_a_rocm_wheels_venv_builds_against_its_devel_tree(rehearsals, row):
     assert hip_compiles(result)
     for record in hip_compiles(result):
         assert f"-I{devel}/include" in record.argv
+
+
+def test_the_2026_system_layout_is_found_without_rocm_path(rehearsals):
+    """`amdrocm-*` packages install under /opt/rocm/core-X.Y; with no variable naming it and its bin not on
+    PATH, detect finds it there, and the build gets it as ROCM_HOME (the ROCm gate reads its 10.0.0)."""
+    result = rehearsals["mi300x-core10.0-torch2.13"]
+    assert result.plan is not None and result.outcome == "built"
+    assert result.plan.env["ROCM_HOME"].endswith("/opt-rocm/core-10.0")
+    assert "ROCM_PATH" not in result.plan.env and "ROCM_PATH" not in result.spec.user_env
 
 
 def test_docs_matrix_is_current(rehearsals):
