@@ -86,6 +86,19 @@ def _sigterm_as_interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _stop_on_interrupt_and_terminate() -> None:
+    """Ctrl-C and SIGTERM both stop the command cleanly, however the tool was started.
+
+    A background job of a script (`mlstack-ds install & wait`, a CI step, a batch script) starts with
+    SIGINT ignored: bash sets that for `&` jobs of a non-interactive shell, and Python keeps an ignored
+    SIGINT ignored. Ctrl-C then killed the script around the tool and left the tool, its build or its
+    ranks running, and `kill -INT` did nothing. The tool runs long jobs and whatever starts it (a
+    terminal, srun, a job controller) must be able to stop them, so SIGINT is always ours to handle.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
 # Errors of writing the output itself (`> /dev/full`, a disk quota): the environment, not a bug.
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
@@ -100,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     json_mode = "--json" in args
     err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     debug = os.environ.get("MLSTACK_DEBUG", "") not in ("", "0")
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    _stop_on_interrupt_and_terminate()
     stdout_at_start = _stdout_identity()
     app = build_app()
     try:
