@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -53,9 +52,8 @@ def test_deleted_op_library_is_found_by_status_doctor_and_install(installed_targ
     relative = str(library.relative_to(package.parent))
     assert files["missing"] == [relative] and files["modified"] == ["deepspeed/runtime/engine.py"]
     assert files["checked"] > 1000
-    timed = check_files(files["record"])  # the same check, timed here: status --json stays deterministic
-    sys.stderr.write(f"\n[integrity] {timed.checked} files hashed in {timed.seconds:.3f} s\n")
-    assert timed.seconds < 2.0 and timed.missing == (relative,)
+    again = check_files(files["record"])  # the same check in this process (its time: scripts/bench.py integrity)
+    assert again.missing == (relative,) and again.modified == ("deepspeed/runtime/engine.py",)
     (problem,) = status["problems"]
     assert problem.startswith(f"installed files changed: 1 missing ({relative}) and 1 modified "
                               "(deepspeed/runtime/engine.py) of the ")

@@ -38,7 +38,7 @@ def test_timeout_kills_grandchildren(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(ToolTimedOut):
         run(["/bin/sh", "-c", f"/bin/sleep 300 & echo $! > {pid_file}; wait"], timeout=1)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # the time-out and the kill, not the 300 s sleep (a loaded machine is slow)
     assert_gone(int(pid_file.read_text()))
 
 

@@ -133,7 +133,7 @@ def test_run_launch_timeout_leaves_no_process_of_the_launch(tmp_path: Path) -> N
     started = time.monotonic()
     outcome = launcher.run_launch([sys.executable, "-c", FAKE_LAUNCHER], timeout_s=2, run_id=run_id)
     assert outcome.timed_out and outcome.returncode is None
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 120  # the time-out and the kill, not the 600 s sleep
     assert launcher.processes_with_marker(run_id) == []
 
 
