@@ -90,7 +90,7 @@ def test_only_segments_no_live_process_uses_are_leaked(
 
     os.kill(rank0.pid, signal.SIGKILL)  # a rank killed: nothing unlinks its segment
     rank0.wait(timeout=30)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a loaded machine reaps slowly
     while str(paths[0]) not in [s.path for s in scan_shm_segments(shm).leaked] and time.monotonic() < deadline:
         time.sleep(0.05)  # the kernel drops a killed process's mappings as it reaps it
     assert [s.path for s in scan_shm_segments(shm).leaked] == [str(paths[0]), str(paths[3]), str(paths[4])]

@@ -56,11 +56,11 @@ def test_a_hanging_torch_import_keeps_the_first_line(tmp_path: Path) -> None:
     """doctor's need: headers, prefix and RECORD even when `import torch` hangs on a broken driver."""
     env = fake_torch(tmp_path, "import time\ntime.sleep(300)\n")
     started = time.monotonic()
-    facts = probe_target(PYTHON, env, timeout=5)
-    assert time.monotonic() - started < 30
+    facts = probe_target(PYTHON, env, timeout=20)  # room for the first line on a loaded machine
+    assert time.monotonic() - started < 120  # the time-out, not the 300 s import
     assert facts.answered and facts.python.prefix == sys.prefix and facts.python.include_dir
     assert facts.torch is None and not facts.torch_probed
-    assert facts.torch_error is not None and "did not finish within 5 s" in facts.torch_error
+    assert facts.torch_error is not None and "did not finish within 20 s" in facts.torch_error
     found = collect_facts_for(facts)
     assert found.target_prefix == sys.prefix and found.python_include == facts.python.include_dir
 
