@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # Run the whole suite (scripts/test.sh) several times on a machine made busy on purpose, the way a shared
-# build host or a user's CI runner is: CPU, memory and I/O contention from stress-ng, beside pytest.
-#   scripts/test_under_load.sh [--runs N] [--] [pytest args...]
+# build host or a user's CI runner is: CPU, memory and I/O contention, beside pytest.
+#   scripts/test_under_load.sh [--runs N] [--parallel] [--] [pytest args...]
 # Load (override with MLSTACK_STRESS, stress-ng's own options): by default 2 CPU hogs per core, 2 workers
-# cycling 2 GiB each through memory (the size of a DeepSpeed op compile), and 1 writer of 1 GiB files,
-# which gave a load average of 8-10 on 2 cores, like the run issue 28 measured.
-# Each run is started the way that run was: as a background job of this non-interactive shell, so it
-# begins with SIGINT ignored (bash's rule for `&` jobs); the Ctrl-C tests must pass that way too.
+# cycling 2 GiB each through memory (the size of a DeepSpeed op compile), and 1 writer of 1 GiB files:
+# a load average of 8-10 on 2 cores, like the run issue 28 measured.
+# --parallel: the N runs at once instead, each in a fresh clone of HEAD (its own venv, caches and cold
+# DeepSpeed builds, as on CI's fresh machine), so each run's parallel compiles are the others' contention;
+# stress-ng then adds only the memory and I/O workers (MLSTACK_STRESS overrides that too).
+# Each run is started the way issue 28's run was: as a background job of this non-interactive shell, so
+# it begins with SIGINT ignored (bash's rule for `&` jobs); the Ctrl-C tests must pass that way too.
 # Logs: .cache/test/under-load/run-K.log and summary.txt. Exit 0 only if every run passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 runs=3
-if [[ ${1:-} == --runs ]]; then
-  runs=${2:?--runs needs a number}
-  shift 2
-fi
-[[ ${1:-} == -- ]] && shift
+parallel=false
+while (($#)); do
+  case $1 in
+    --runs) runs=${2:?--runs needs a number}; shift 2 ;;
+    --parallel) parallel=true; shift ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
 [[ $runs =~ ^[1-9][0-9]*$ ]] || { echo "error: --runs $runs: must be a positive number" >&2; exit 2; }
 
 if ! command -v stress-ng >/dev/null; then
@@ -32,42 +39,75 @@ if ! command -v stress-ng >/dev/null; then
 fi
 
 cores=$(nproc)
-read -r -a load <<<"${MLSTACK_STRESS:---cpu $((2 * cores)) --vm 2 --vm-bytes 2G --hdd 1 --hdd-bytes 1G}"
-logs=.cache/test/under-load
+if $parallel; then
+  default_load="--vm 2 --vm-bytes 2G --hdd 1 --hdd-bytes 1G"
+else
+  default_load="--cpu $((2 * cores)) --vm 2 --vm-bytes 2G --hdd 1 --hdd-bytes 1G"
+fi
+read -r -a load <<<"${MLSTACK_STRESS:-$default_load}"
+logs=$PWD/.cache/test/under-load
 mkdir -p "$logs"
 summary=$logs/summary.txt
 : >"$summary"
 
 stress_pid=
-suite_pid=
+suite_pids=()
 stop_stress() {
   [[ -n $stress_pid ]] && kill -- -"$stress_pid" 2>/dev/null || true
   stress_pid=
 }
-# The suite runs with SIGINT ignored (above), so Ctrl-C here stops it explicitly.
-trap 'stop_stress; [[ -n $suite_pid ]] && kill -TERM "$suite_pid" 2>/dev/null; exit 130' INT TERM
+# The suites run with SIGINT ignored (above), so Ctrl-C here stops them explicitly.
+trap 'stop_stress; ((${#suite_pids[@]})) && kill -TERM "${suite_pids[@]}" 2>/dev/null; exit 130' INT TERM
 trap stop_stress EXIT
 
-failed=0
-for ((k = 1; k <= runs; k++)); do
-  setsid stress-ng "${load[@]}" --temp-path "${TMPDIR:-/tmp}" --timeout 4h --quiet &
+start_stress() {
+  setsid stress-ng "${load[@]}" --temp-path "${TMPDIR:-/tmp}" --timeout 6h --quiet &
   stress_pid=$!
   sleep 10  # let the load build up before the suite starts
-  started=$(date +%s)
-  echo "test_under_load.sh: run $k of $runs under stress-ng ${load[*]} (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  set +e
-  bash scripts/test.sh "$@" >"$logs/run-$k.log" 2>&1 &
-  suite_pid=$!
-  wait "$suite_pid"
-  rc=$?
-  suite_pid=
-  set -e
-  stop_stress
+  echo "test_under_load.sh: stress-ng ${load[*]} (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+}
+
+report() {  # run number, exit code, start time
+  local k=$1 rc=$2 started=$3 minutes result
   minutes=$(( ($(date +%s) - started + 30) / 60 ))
   result=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$logs/run-$k.log" | tail -1 | tr -d '=' | xargs || true)
-  line="run $k: exit $rc, $minutes min, ${result:-no pytest summary (see $logs/run-$k.log)}"
-  echo "$line" | tee -a "$summary" >&2
-  ((rc == 0)) || failed=$((failed + 1))
-done
+  echo "run $k: exit $rc, $minutes min, ${result:-no pytest summary (see $logs/run-$k.log)}" | tee -a "$summary" >&2
+}
+
+failed=0
+if $parallel; then
+  start_stress
+  started=$(date +%s)
+  for ((k = 1; k <= runs; k++)); do
+    rm -rf "$logs/clone-$k"
+    git clone -q "$PWD" "$logs/clone-$k"
+    bash "$logs/clone-$k/scripts/test.sh" "$@" >"$logs/run-$k.log" 2>&1 &
+    suite_pids+=($!)
+  done
+  for ((k = 1; k <= runs; k++)); do
+    set +e
+    wait "${suite_pids[k - 1]}"
+    rc=$?
+    set -e
+    report "$k" "$rc" "$started"
+    ((rc == 0)) || failed=$((failed + 1))
+  done
+  suite_pids=()
+else
+  for ((k = 1; k <= runs; k++)); do
+    start_stress
+    started=$(date +%s)
+    set +e
+    bash scripts/test.sh "$@" >"$logs/run-$k.log" 2>&1 &
+    suite_pids=($!)
+    wait "${suite_pids[0]}"
+    rc=$?
+    set -e
+    suite_pids=()
+    stop_stress
+    report "$k" "$rc" "$started"
+    ((rc == 0)) || failed=$((failed + 1))
+  done
+fi
 echo "test_under_load.sh: $((runs - failed)) of $runs runs passed; logs in $logs" | tee -a "$summary" >&2
 ((failed == 0))
