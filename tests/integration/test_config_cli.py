@@ -188,3 +188,20 @@ def test_a_target_without_deepspeed_is_an_environment_error(tmp_path: Path, bare
     assert result.stderr.splitlines()[-2].startswith(f"error: DeepSpeed cannot be imported in {bare_python}")
     assert "mlstack-ds install" in result.stderr.splitlines()[-1]
     assert json.loads(result.stdout)["error"]["exit_code"] == 3
+
+
+def test_hf_config_is_written_as_validated_by_a_target_without_transformers(tmp_path: Path,
+                                                                           no_ops_venv: TargetVenv) -> None:
+    """Issue 28's command: `--hf` on a target without transformers. The target parses the "auto" values as
+    DeepSpeed's defaults on its own copy; what is written keeps every "auto" and is the config validated."""
+    machine = rx_7900_xtx(tmp_path / "m")
+    out = tmp_path / "ds_config.json"
+    result = machine.run_cli("config", "1.3b", "--gpus", "2", "--vram", "24GiB", "--hf", "--out", str(out), "--json",
+                             "--python", str(no_ops_venv.python))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    config = json.loads(out.read_text())
+    assert config == document["config"]
+    assert config["bf16"]["enabled"] == "auto" and config["zero_optimization"]["reduce_bucket_size"] == "auto"
+    assert set(config["optimizer"]["params"].values()) == {"auto"}
+    assert "transformers is not installed" in document["hf"]

@@ -15,7 +15,7 @@ import pytest
 from mlstack_ds.config import rules
 from mlstack_ds.config.hardware import Hardware, plan_hardware
 from mlstack_ds.config.model import PRESETS, model_from_dims, model_from_hf_config, resolve_model
-from mlstack_ds.config.rules import ORDER, config_for, make_plan
+from mlstack_ds.config.rules import ORDER, candidate_configs, config_for, make_plan
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.detect.model import GpuAgent
 from mlstack_ds.dsconfig.target import Estimate, check_batch_keys
@@ -136,7 +136,8 @@ FITS_ALL = {key: GiB for key in ORDER}
 def chosen(gpu_need: dict, **kwargs) -> rules.Plan:
     args = {"micro_batch": 1, "seq_len": 128, "amd_specific": False, "hf": False, **kwargs}
     hw = args.pop("hw", hardware())
-    return make_plan(SMALL, hw, estimates(gpu_need, args.pop("cpu", 10 * GiB)), **args)
+    built = candidate_configs(SMALL, hw, micro_batch=args["micro_batch"], hf=args["hf"])
+    return make_plan(SMALL, hw, estimates(gpu_need, args.pop("cpu", 10 * GiB)), built, **args)
 
 
 def test_the_lowest_stage_that_fits_wins() -> None:
