@@ -133,6 +133,8 @@ def test_guide_sizes_choices_on_two_rx_7900_xtx(guide_plans: dict[str, dict]) ->
         assert "amd_specific" not in plan["config"]  # no_ops_venv is unpatched upstream DeepSpeed
     refusal = guide_plans["13b"]["error"]
     assert refusal["exit_code"] == 9 and "does not fit on 2 × 24.0 GiB" in refusal["message"]
+    assert refusal["inputs"]["ram_bytes"] == {"value": 256 * GiB, "source": "--ram"}  # a refusal says its inputs too
+    assert refusal["inputs"]["vram_bytes"]["source"] == "detected (the smallest GPU's)"
 
 
 def test_13b_on_one_16_gib_card_gets_offload_and_explain_says_why(tmp_path: Path, no_ops_venv: TargetVenv) -> None:
