@@ -169,7 +169,7 @@ def test_the_plan_writes_one_of_the_built_candidates_the_very_dict_validated() -
     """Issue 28: what is written is one of the dicts sent to DeepSpeed, picked by key, never a second build
     (a second build once differed: the target added amd_specific and stripped "auto" from its copy)."""
     for hw, amd_variants in ((hardware(), (False, True)), (hardware(platform="cuda"), (False,))):
-        built = rules.candidate_configs(SMALL, hw, micro_batch=1, hf=True)
+        built = candidate_configs(SMALL, hw, micro_batch=1, hf=True)
         assert sorted(built) == sorted((p, amd) for p in ORDER for amd in amd_variants)
         for answer_has_section in (False, True):
             plan = make_plan(SMALL, hw, estimates({**FITS_ALL, (2, False, False): 30 * GiB}), built, micro_batch=1,
@@ -186,7 +186,7 @@ def test_ram_notes_say_when_the_machine_decides() -> None:
 
     def plan(hw: Hardware) -> rules.Plan:
         found = tuple(Estimate(*p, GiB, cold_load.get(p, 30 * GiB)) for p in ORDER)
-        return make_plan(SMALL, hw, found, rules.candidate_configs(SMALL, hw, micro_batch=1, hf=False),
+        return make_plan(SMALL, hw, found, candidate_configs(SMALL, hw, micro_batch=1, hf=False),
                          micro_batch=1, seq_len=128, amd_specific=False, hf=False)
 
     measured = plan(Hardware("rocm", 2, 1, 24 * GiB, 18 * GiB, "gfx1100", "RX 7900 XTX",
