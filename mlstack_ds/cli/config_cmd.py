@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -14,7 +14,7 @@ from rich.markup import escape
 from mlstack_ds.cli.options import ConfigOutOption, JsonOption, MicroBatchOption, PythonOption, SeqLenOption
 from mlstack_ds.config.hardware import Hardware, detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
-from mlstack_ds.config.planner import plan_config
+from mlstack_ds.config.planner import plan_config, plan_inputs
 from mlstack_ds.config.rules import Plan
 from mlstack_ds.config.sizes import gib, parse_count, parse_size, positive_int
 from mlstack_ds.console import Output, make_output
@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         vram: Annotated[str | None, typer.Option(
             "--vram", metavar="SIZE", help="Memory per GPU, e.g. 24GiB or 16GB (default: detected).")] = None,
         ram: Annotated[str | None, typer.Option(
-            "--ram", metavar="SIZE", help="Host RAM per node, for offload (default: MemTotal).")] = None,
+            "--ram", metavar="SIZE", help="Host RAM per node, for offload (default: this machine's MemTotal).")] = None,
         params: Annotated[str | None, typer.Option("--params", help="Parameters, e.g. 7e9 (with --hidden, --layers).")]
         = None,
         hidden: Annotated[int | None, typer.Option("--hidden", help="Hidden size.")] = None,
@@ -61,7 +61,9 @@ def register(app: typer.Typer) -> None:
         shape = resolve_model(model, parse_count("--params", params), hidden, layers)
         vram_bytes = parse_size("--vram", vram) if vram is not None else None
         ram_bytes = parse_size("--ram", ram) if ram is not None else None
+        # The machine is read here, once; everything after takes these facts as given.
         hardware = plan_hardware(detect_gpus(), gpus_per_node=gpus, nodes=nodes, vram=vram_bytes, ram=ram_bytes)
+        output.status(_inputs_line(plan_inputs(hardware, micro_batch=micro_batch, seq_len=seq_len, hf=hf)))
         output.status(f"asking DeepSpeed in {escape(str(python))} for its estimates and its verdict ...")
         planned = plan_config(shape, hardware, python, micro_batch=micro_batch, seq_len=seq_len, hf=hf,
                               on_refusal=lambda refusal: _explain_refusal(output, refusal) if explain else None)
@@ -71,14 +73,30 @@ def register(app: typer.Typer) -> None:
         text = json.dumps(plan.config, indent=2) + "\n"
         if out is not None:
             _write(out, text)
-            output.status(f"wrote {escape(str(out))}: {plan.chosen.label}, {gib(plan.chosen.gpu)} per GPU "
-                          f"(DeepSpeed {answer.deepspeed} parsed it)")
+        amd = planned.inputs.get("amd_specific", {})
+        output.status(f"{f'wrote {escape(str(out))}' if out else 'planned'}: {plan.chosen.label}, "
+                      f"{gib(plan.chosen.gpu)} per GPU (DeepSpeed {answer.deepspeed} parsed it); amd_specific "
+                      f"{'written' if amd.get('value') else 'left out'} ({escape(str(amd.get('source')))})")
         if json_output:
-            output.emit_json({"model": shape.to_dict(), "hardware": hardware.to_dict(), "deepspeed": answer.deepspeed,
-                              "validated": True, "hf": checked.hf or None, "out": str(out) if out else None,
-                              **plan.to_dict()})
+            output.emit_json({"model": shape.to_dict(), "hardware": hardware.to_dict(), "inputs": planned.inputs,
+                              "deepspeed": answer.deepspeed, "validated": True, "hf": checked.hf or None,
+                              "out": str(out) if out else None, **plan.to_dict()})
         elif out is None:
             typer.echo(text, nl=False)
+
+
+def _inputs_line(inputs: dict[str, Any]) -> str:
+    """The facts the plan is made from, each with its source: the same line means the same config."""
+    ram = inputs["ram_bytes"]
+    ram_text = "unknown" if ram["value"] is None else gib(ram["value"])
+    line = (f"inputs: {inputs['gpus_per_node']['value']} GPU(s) per node ({inputs['gpus_per_node']['source']}) × "
+            f"{inputs['nodes']['value']} node(s); {gib(inputs['vram_bytes']['value'])} VRAM per GPU "
+            f"({inputs['vram_bytes']['source']}); host RAM {ram_text} per node ({ram['source']}); "
+            f"{inputs['arch']['value'] or 'unknown target'} on {inputs['platform']['value']}; micro-batch "
+            f"{inputs['micro_batch']} × {inputs['seq_len']} tokens")
+    if inputs["ram_measured"]:
+        line += "\n  without --ram the choice depends on this machine's RAM: pass --ram SIZE for the one that trains"
+    return escape(line)
 
 
 def _explain(output: Output, plan: Plan, model: str, hardware: Hardware, deepspeed: str, hf_note: str) -> None:

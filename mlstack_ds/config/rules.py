@@ -8,6 +8,7 @@ scale and the `amd_specific` keys from the AMD guide and patch 0014.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,12 @@ LOGIT_BYTES = 2 + 4 + 4
 ROCM_FP16_INITIAL_SCALE_POWER = 14  # the AMD guide: 2**14, not DeepSpeed's 2**16, avoids early overflow skips
 
 # The placements tried, cheapest first: ZeRO-2, ZeRO-3, then the optimizer offloaded, then parameters too.
-ORDER = ((2, False, False), (3, False, False), (2, True, False), (3, True, False), (3, True, True))
+Placement = tuple[int, bool, bool]  # (ZeRO stage, offload optimizer, offload parameters)
+ORDER: tuple[Placement, ...] = ((2, False, False), (3, False, False), (2, True, False), (3, True, False),
+                                (3, True, True))
+# A candidate config: its placement and whether it carries patch 0014's amd_specific section.
+CandidateKey = tuple[Placement, bool]
+Built = Mapping[CandidateKey, tuple[dict[str, Any], list["Choice"]]]
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class Plan:
     choices: tuple[Choice, ...]
     candidates: tuple[Candidate, ...]
     chosen: Candidate
+    key: CandidateKey  # which of the built candidates `config` is (the one DeepSpeed validated)
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,18 +201,52 @@ def precision(hardware: Hardware) -> tuple[str, dict[str, Any], str]:
 AMD_SPECIFIC_SECTION: dict[str, Any] = {"rocm_stream_priority": True, "rocm_mem_pool_init": True}
 
 
-def make_plan(model: ModelShape, hardware: Hardware, estimates: tuple[Estimate, ...], *, micro_batch: int,
-              seq_len: int, amd_specific: bool, hf: bool) -> Plan:
-    """The config and its reasons; `amd_specific`: the target's DeepSpeed has patch 0014's section."""
+def candidate_configs(model: ModelShape, hardware: Hardware, *, micro_batch: int, hf: bool) -> Built:
+    """Every config the plan can write, built once by `config_for`: each placement, and on ROCm each with and
+    without the amd_specific section (whether the target has patch 0014 is known only once it answers).
+    The target validates these very dicts and `make_plan` picks one of them: what is written is what
+    DeepSpeed parsed by construction, not by comparing two builds."""
+    sections = (False, True) if hardware.platform == "rocm" else (False,)
+    return {(placement, section): config_for(model, hardware, placement, micro_batch=micro_batch, hf=hf,
+                                             amd_specific=section)
+            for placement in ORDER for section in sections}
+
+
+def make_plan(model: ModelShape, hardware: Hardware, estimates: tuple[Estimate, ...], built: Built, *,
+              micro_batch: int, seq_len: int, amd_specific: bool, hf: bool) -> Plan:
+    """The config and its reasons, one of `built` (candidate_configs); `amd_specific`: the target's DeepSpeed
+    has patch 0014's section."""
     found = candidates(model, hardware, estimates, micro_batch=micro_batch, seq_len=seq_len,
                        buckets=planned_buckets(model, hardware, hf))
     chosen, placement_why = choose_placement(model, hardware, found)
-    config, choices = config_for(model, hardware, (chosen.stage, chosen.offload_optimizer, chosen.offload_param),
-                                 micro_batch=micro_batch, hf=hf, amd_specific=amd_specific)
+    key: CandidateKey = ((chosen.stage, chosen.offload_optimizer, chosen.offload_param),
+                         amd_specific and hardware.platform == "rocm")
+    config, choices = built[key]
     notes = (f"activations assume no gradient checkpointing: {gib(chosen.activations)} at micro-batch "
-             f"{micro_batch} × {seq_len} tokens; checkpointing keeps only each layer's input",)
+             f"{micro_batch} × {seq_len} tokens; checkpointing keeps only each layer's input",
+             *ram_notes(hardware, found))
     return Plan(config, (Choice("zero_optimization.stage", chosen.stage, placement_why), *choices), found, chosen,
-                notes)
+                key, notes)
+
+
+def ram_notes(hardware: Hardware, found: tuple[Candidate, ...]) -> tuple[str, ...]:
+    """Where host RAM decides the choice: it is the one input that flips ZeRO-2/ZeRO-3 between machines
+    (DeepSpeed's estimate counts each rank's cold fp32 copy per node even without offload)."""
+    notes = []
+    if hardware.ram_bytes is None:
+        notes.append("host RAM is unknown: placements are not checked against it; pass --ram SIZE")
+    elif hardware.ram_measured:
+        notes.append(f"host RAM {gib(hardware.ram_bytes)} is this machine's ({hardware.source('ram')}): without "
+                     "--ram the choice depends on the machine config runs on; pass --ram SIZE for the one that "
+                     "trains")
+    for candidate in found:
+        if candidate.fits:
+            break
+        if candidate.fits_gpu:
+            notes.append(f"{candidate.label} fits the GPUs but needs {gib(candidate.cpu)} host RAM per node, over "
+                         f"{gib(candidate.ram_limit or 0)} usable ({int(RAM_USABLE * 100)}% of "
+                         f"{gib(hardware.ram_bytes or 0)}): with more RAM it would be chosen")
+    return tuple(notes)
 
 
 def planned_buckets(model: ModelShape, hardware: Hardware, hf: bool) -> tuple[int, int]:

@@ -124,7 +124,7 @@ def validate(req, config):
             if importlib.util.find_spec("transformers") is None:
                 result["hf"] = "transformers is not installed in the target: the \"auto\" values were not " \
                                "round-tripped"
-                filled = {k: v for k, v in config.items()}
+                filled = json.loads(json.dumps(config))  # a deep copy: _replace_auto edits nested sections
                 for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
                     filled[key] = req["batch"][key]
                 _replace_auto(filled)
@@ -152,11 +152,9 @@ def _replace_auto(config):
             config.pop(key)
 
 def plan(req):
-    """Estimates, and DeepSpeed's verdict on every placement's config, in one start (imports take seconds)."""
+    """Estimates, and DeepSpeed's verdict on every config sent, as sent, in one start (imports take seconds)."""
     doc = estimate(req)
-    section = req.get("amd_specific_section")
-    configs = [dict(c, amd_specific=section) if section and doc["amd_specific"] else c for c in req["configs"]]
-    doc["validations"] = [dict(validate(req, c), config=c) for c in configs]
+    doc["validations"] = [validate(req, c) for c in req["configs"]]
     return doc
 
 req = json.loads(sys.stdin.read())
@@ -184,7 +182,6 @@ class Validation:
     key: str | None = None
     message: str = ""
     hf: str = ""  # what happened to the "auto" values
-    config: dict[str, Any] | None = None  # what was parsed (the planned config, plus amd_specific if the target has it)
     filled: dict[str, Any] | None = None  # --hf with transformers: the config after the Trainer filled "auto"
 
 
@@ -195,7 +192,7 @@ class TargetAnswer:
     hip: str | None
     amd_specific: bool  # the target's DeepSpeed carries patch 0014 (the amd_specific section)
     transformers: bool
-    validations: tuple[Validation, ...]  # one per config sent, in order
+    validations: tuple[Validation, ...]  # one per config sent, in order, each parsed as sent
 
 
 def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -219,7 +216,7 @@ def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
 
 def _validation(answer: Mapping[str, Any]) -> Validation:
     return Validation(bool(answer.get("ok")), answer.get("key"), str(answer.get("message", "")),
-                      str(answer.get("hf", "")), answer.get("config"), answer.get("hf_filled"))
+                      str(answer.get("hf", "")), answer.get("hf_filled"))
 
 
 def _batch(micro_batch: int, world_size: int) -> dict[str, int]:
@@ -228,15 +225,13 @@ def _batch(micro_batch: int, world_size: int) -> dict[str, int]:
 
 
 def ask_target(python: Path, *, params: int, largest_layer_params: int, gpus_per_node: int, nodes: int,
-               configs: Sequence[Mapping[str, Any]], amd_specific_section: Mapping[str, Any] | None, hf: bool,
-               micro_batch: int, hidden: int) -> TargetAnswer:
+               configs: Sequence[Mapping[str, Any]], hf: bool, micro_batch: int, hidden: int) -> TargetAnswer:
     """In one start of the target: DeepSpeed's ZeRO-2/3 model-state estimates with and without CPU offload,
-    and its parser's verdict on each of `configs` (with `amd_specific_section` added when the target's
-    DeepSpeed has the section)."""
+    whether its DeepSpeed has patch 0014's amd_specific section, and its parser's verdict on each of
+    `configs` exactly as given (the target adds nothing: the caller sends every variant it may write)."""
     world_size = gpus_per_node * nodes
     answer = _ask(python, {"mode": "plan", "params": params, "largest_layer_params": largest_layer_params,
                            "gpus_per_node": gpus_per_node, "nodes": nodes, "configs": [dict(c) for c in configs],
-                           "amd_specific_section": dict(amd_specific_section) if amd_specific_section else None,
                            "hf": hf, "micro_batch": micro_batch, "world_size": world_size, "hidden": hidden,
                            "batch": _batch(micro_batch, world_size)})
     rows = tuple(Estimate(int(r["stage"]), bool(r["offload_optimizer"]), bool(r["offload_param"]), int(r["gpu"]),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,8 @@ def test_guide_sizes_choices_on_two_rx_7900_xtx(guide_plans: dict[str, dict]) ->
         assert "amd_specific" not in plan["config"]  # no_ops_venv is unpatched upstream DeepSpeed
     refusal = guide_plans["13b"]["error"]
     assert refusal["exit_code"] == 9 and "does not fit on 2 × 24.0 GiB" in refusal["message"]
+    assert refusal["inputs"]["ram_bytes"] == {"value": 256 * GiB, "source": "--ram"}  # a refusal says its inputs too
+    assert refusal["inputs"]["vram_bytes"]["source"] == "detected (the smallest GPU's)"
 
 
 def test_13b_on_one_16_gib_card_gets_offload_and_explain_says_why(tmp_path: Path, no_ops_venv: TargetVenv) -> None:
@@ -188,3 +192,74 @@ def test_a_target_without_deepspeed_is_an_environment_error(tmp_path: Path, bare
     assert result.stderr.splitlines()[-2].startswith(f"error: DeepSpeed cannot be imported in {bare_python}")
     assert "mlstack-ds install" in result.stderr.splitlines()[-1]
     assert json.loads(result.stdout)["error"]["exit_code"] == 3
+
+
+def test_hf_config_is_written_as_validated_by_a_target_without_transformers(tmp_path: Path,
+                                                                           no_ops_venv: TargetVenv) -> None:
+    """Issue 28's command: `--hf` on a target without transformers. The target parses the "auto" values as
+    DeepSpeed's defaults on its own copy; what is written keeps every "auto" and is the config validated."""
+    machine = rx_7900_xtx(tmp_path / "m")
+    out = tmp_path / "ds_config.json"
+    result = machine.run_cli("config", "1.3b", "--gpus", "2", "--vram", "24GiB", "--hf", "--out", str(out), "--json",
+                             "--python", str(no_ops_venv.python))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    config = json.loads(out.read_text())
+    assert config == document["config"]
+    assert config["bf16"]["enabled"] == "auto" and config["zero_optimization"]["reduce_bucket_size"] == "auto"
+    assert set(config["optimizer"]["params"].values()) == {"auto"}
+    assert "transformers is not installed" in document["hf"]
+
+
+# Memory and CPU load for a bounded time (argv[1] seconds, or until killed): allocates and frees 1 GiB in
+# 256 MiB blocks (each page written, so MemAvailable really moves) and spins a core meanwhile; prints
+# the lowest and highest MemAvailable it saw, proof that the load was there.
+LOAD = r"""
+import json, signal, sys, time
+def available():
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+end, seen, blocks = time.monotonic() + float(sys.argv[1]), [available()], []
+try:
+    while time.monotonic() < end:
+        blocks.append(b"\x01" * (256 << 20))
+        sum(range(200_000))
+        if len(blocks) == 4:
+            seen.append(available())
+            blocks.clear()
+            seen.append(available())
+finally:
+    print(json.dumps([min(seen), max(seen)]), flush=True)
+"""
+
+
+def test_same_inputs_same_answer_under_memory_and_cpu_load(tmp_path: Path, no_ops_venv: TargetVenv) -> None:
+    """Issue 28: the issue's command (host RAM measured: no --ram) run three times at once while another
+    process allocates and frees 1 GiB and spins a core. MemAvailable moves; the plan reads MemTotal, once,
+    so every run writes the same config and reports the same inputs."""
+    machine = rx_7900_xtx(tmp_path / "m")
+    load = subprocess.Popen([sys.executable, "-c", LOAD, "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)  # the first gigabyte is in place before the first run reads anything
+        runs = [start_cli("config", "1.3b", "--gpus", "2", "--vram", "24GiB", "--hf", "--out", tmp_path / f"{n}.json",
+                          "--json", "--python", no_ops_venv.python, base_env=machine.environ())
+                for n in range(3)]
+        results = [(proc.communicate(timeout=300), proc.returncode) for proc in runs]
+    finally:
+        load.terminate()  # bounded anyway: the loader stops itself after 60 s
+        low, high = json.loads(load.communicate(timeout=30)[0])
+    assert high - low >= 512 << 20, (low, high)  # the load moved MemAvailable by half a gigabyte or more
+    documents = []
+    for n, ((stdout, stderr), rc) in enumerate(results):
+        assert rc == 0, stderr
+        document = json.loads(stdout)
+        assert json.loads((tmp_path / f"{n}.json").read_text()) == document.pop("config")
+        assert document.pop("out") == str(tmp_path / f"{n}.json")
+        documents.append((document, [line for line in stderr.splitlines() if not line.startswith("wrote ")]))
+    assert documents[1] == documents[0] and documents[2] == documents[0]
+    inputs = documents[0][0]["inputs"]
+    assert inputs["ram_measured"] is True and inputs["ram_bytes"]["source"] == "measured: /proc/meminfo MemTotal"
+    assert inputs["vram_bytes"] == {"value": 24 * GiB, "source": "--vram"}
+    assert inputs["amd_specific"]["value"] is False  # no_ops_venv is upstream DeepSpeed: no patch 0014
+    assert any("without --ram the choice depends on this machine's RAM" in line for line in documents[0][1])

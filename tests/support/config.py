@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mlstack_ds.config.hardware import Hardware
 from mlstack_ds.config.model import PRESETS
-from mlstack_ds.config.rules import AMD_SPECIFIC_SECTION, ORDER, config_for
+from mlstack_ds.config.rules import ORDER, config_for
 from mlstack_ds.dsconfig.target import TargetAnswer, ask_target
 
 GiB = 2**30
@@ -23,5 +23,4 @@ def placement_configs(hf: bool) -> list[dict]:
 def ask(python: Path, configs: list[dict], hf: bool = False) -> TargetAnswer:
     """One start of the target: its estimates for MODEL on 1 × 2 GPUs and its verdict on each config."""
     return ask_target(python, params=MODEL.params, largest_layer_params=MODEL.largest_layer_params, gpus_per_node=2,
-                      nodes=1, configs=configs, amd_specific_section=AMD_SPECIFIC_SECTION, hf=hf, micro_batch=2,
-                      hidden=MODEL.hidden)
+                      nodes=1, configs=configs, hf=hf, micro_batch=2, hidden=MODEL.hidden)

@@ -15,7 +15,7 @@ import pytest
 from mlstack_ds.config import rules
 from mlstack_ds.config.hardware import Hardware, plan_hardware
 from mlstack_ds.config.model import PRESETS, model_from_dims, model_from_hf_config, resolve_model
-from mlstack_ds.config.rules import ORDER, config_for, make_plan
+from mlstack_ds.config.rules import ORDER, candidate_configs, config_for, make_plan
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.detect.model import GpuAgent
 from mlstack_ds.dsconfig.target import Estimate, check_batch_keys
@@ -119,6 +119,22 @@ def test_hardware_from_detected_gpus_and_meminfo(tmp_path: Path) -> None:
     assert plan_hardware([gpu()], gpus_per_node=4, nodes=2, vram=16 * GiB, ram=GiB).world_size == 8
 
 
+def test_host_ram_is_memtotal_read_once_and_says_so(tmp_path: Path) -> None:
+    """MemAvailable moves with the load of the moment; the plan takes MemTotal, and says it measured it."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       65536000 kB\nMemAvailable:   1000 kB\n")
+    measured = plan_hardware([gpu()], gpus_per_node=2, nodes=1, vram=None, ram=None, meminfo=meminfo)
+    meminfo.write_text("MemTotal:       1000 kB\n")  # a later read would see this: there is none
+    assert measured.ram_bytes == 65536000 * 1024 and measured.ram_measured
+    assert measured.source("ram") == f"measured: {meminfo} MemTotal"
+    assert (measured.source("vram"), measured.source("arch"), measured.source("platform")) == (
+        "detected (the smallest GPU's)", "detected", "detected")
+    given = plan_hardware([gpu()], gpus_per_node=2, nodes=1, vram=None, ram=GiB, meminfo=meminfo)
+    assert (given.ram_bytes, given.source("ram"), given.ram_measured) == (GiB, "--ram", False)
+    unknown = plan_hardware([gpu()], gpus_per_node=2, nodes=1, vram=None, ram=None, meminfo=tmp_path / "absent")
+    assert unknown.ram_bytes is None and not unknown.ram_measured and unknown.source("ram").startswith("unknown")
+
+
 @pytest.mark.parametrize(("gpus", "kwargs", "message"), [
     ([], {}, "no GPU visible"), ([], {"gpus_per_node": 2}, "--vram"), ([gpu(None)], {}, "--vram"),
     ([gpu()], {"gpus_per_node": 0}, "--gpus 0"), ([gpu()], {"nodes": -1}, "--nodes -1")])
@@ -136,7 +152,8 @@ FITS_ALL = {key: GiB for key in ORDER}
 def chosen(gpu_need: dict, **kwargs) -> rules.Plan:
     args = {"micro_batch": 1, "seq_len": 128, "amd_specific": False, "hf": False, **kwargs}
     hw = args.pop("hw", hardware())
-    return make_plan(SMALL, hw, estimates(gpu_need, args.pop("cpu", 10 * GiB)), **args)
+    built = candidate_configs(SMALL, hw, micro_batch=args["micro_batch"], hf=args["hf"])
+    return make_plan(SMALL, hw, estimates(gpu_need, args.pop("cpu", 10 * GiB)), built, **args)
 
 
 def test_the_lowest_stage_that_fits_wins() -> None:
@@ -146,6 +163,40 @@ def test_the_lowest_stage_that_fits_wins() -> None:
     plan = chosen({**FITS_ALL, (2, False, False): 30 * GiB})
     assert plan.chosen.stage == 3 and not plan.chosen.offload_optimizer
     assert "cheaper placements do not fit: ZeRO-2, no offload needs 30.7 GiB" in plan.choices[0].reason
+
+
+def test_the_plan_writes_one_of_the_built_candidates_the_very_dict_validated() -> None:
+    """Issue 28: what is written is one of the dicts sent to DeepSpeed, picked by key, never a second build
+    (a second build once differed: the target added amd_specific and stripped "auto" from its copy)."""
+    for hw, amd_variants in ((hardware(), (False, True)), (hardware(platform="cuda"), (False,))):
+        built = candidate_configs(SMALL, hw, micro_batch=1, hf=True)
+        assert sorted(built) == sorted((p, amd) for p in ORDER for amd in amd_variants)
+        for answer_has_section in (False, True):
+            plan = make_plan(SMALL, hw, estimates({**FITS_ALL, (2, False, False): 30 * GiB}), built, micro_batch=1,
+                             seq_len=128, amd_specific=answer_has_section, hf=True)
+            assert plan.key == ((3, False, False), answer_has_section and hw.platform == "rocm")
+            assert plan.config is built[plan.key][0]
+            assert ("amd_specific" in plan.config) is plan.key[1]
+
+
+def test_ram_notes_say_when_the_machine_decides() -> None:
+    """Measured RAM is flagged; a placement that fits the GPUs but not the RAM is named (1.3B on 2 × 24 GiB
+    flips ZeRO-2 → ZeRO-3 between --ram 20GiB and 18GiB on DeepSpeed's 14.7 GiB cold-load estimate)."""
+    cold_load = {(2, False, False): int(14.7 * GiB), (3, False, False): int(1.2 * GiB)}  # DeepSpeed's, for 1.3B
+
+    def plan(hw: Hardware) -> rules.Plan:
+        found = tuple(Estimate(*p, GiB, cold_load.get(p, 30 * GiB)) for p in ORDER)
+        return make_plan(SMALL, hw, found, candidate_configs(SMALL, hw, micro_batch=1, hf=False),
+                         micro_batch=1, seq_len=128, amd_specific=False, hf=False)
+
+    measured = plan(Hardware("rocm", 2, 1, 24 * GiB, 18 * GiB, "gfx1100", "RX 7900 XTX",
+                             (("ram", "measured: /proc/meminfo MemTotal"),)))
+    assert measured.chosen.stage == 3
+    assert any("this machine's (measured: /proc/meminfo MemTotal): without --ram the choice depends" in n
+               for n in measured.notes)
+    assert any(n.startswith("ZeRO-2, no offload fits the GPUs but needs 14.7 GiB host RAM") for n in measured.notes)
+    given = plan(hardware(ram=20 * GiB))
+    assert given.chosen.stage == 2 and not any("host RAM" in n for n in given.notes)
 
 
 def test_headroom_is_kept() -> None:
