@@ -21,6 +21,7 @@ from support.cli import run_cli
 from mlstack_ds.build.wheel import build_wheel
 from mlstack_ds.errors import BuildError, ExitCode, FetchError
 from mlstack_ds.install.pipeline import InstallRequest, prepare
+from mlstack_ds.patches import apply_series, series_for_recipe
 from mlstack_ds.plan.buildplan import PatchRef
 from mlstack_ds.recipe import Recipe, find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
@@ -167,6 +168,22 @@ def test_the_build_patches_the_dirty_tree_it_was_planned_for(checkout: Checkout,
                                       python=Path(sys.executable)))
     # A wrong digest for the first patch stops the build right after the series applied: so the source check
     # passed (the copy is the plan's tree) and the series applies on the dirty tree. Nothing compiles.
+    first, *rest = prepared.plan.patches
+    plan = dataclasses.replace(prepared.plan, patches=(PatchRef(first.name, "0" * 64), *rest))
+    with pytest.raises(BuildError, match="the patch series changed since the plan was made"):
+        build_wheel(plan, prepared.recipe, prepared.spec, Cache.open(tmp_path / "cache"), {})
+
+
+def test_a_patched_checkout_with_edits_builds_them_with_the_series_already_applied(checkout: Checkout,
+                                                                                   tmp_path: Path) -> None:
+    """`fetch`, `patches apply`, hack, `install --source`: the working tree (series + edits) on the pinned
+    commit; the patch stage finds the series applied and leaves it."""
+    apply_series(checkout.path, series_for_recipe(checkout.recipe))
+    engine = checkout.path / ENGINE
+    engine.write_text(engine.read_text() + "# hacking on the patched tree\n")
+    prepared = prepare(InstallRequest(deepspeed_version=str(checkout.recipe_file), source=str(checkout.path),
+                                      python=Path(sys.executable)))
+    assert prepared.plan.source_pin.startswith(f"{checkout.commit}+dirty.")
     first, *rest = prepared.plan.patches
     plan = dataclasses.replace(prepared.plan, patches=(PatchRef(first.name, "0" * 64), *rest))
     with pytest.raises(BuildError, match="the patch series changed since the plan was made"):
