@@ -159,6 +159,9 @@ def test_the_build_takes_exactly_the_pinned_working_tree(checkout: Checkout, tmp
     again = fetch_source(checkout.recipe, parse_source_spec(str(checkout.path)), tmp_path / "cache",
                          tmp_path / "ds2")
     assert again.commit == tree.commit  # equal content, equal commit
+    fetched = run_cli("fetch", "--json", "--recipe", checkout.recipe_file, "--source", checkout.path,
+                      "--dest", tmp_path / "ds3", "--cache-dir", tmp_path / "cache")
+    assert fetched.returncode == 0 and fetched.json["pin"] == tree.pin and fetched.json["commit"] == tree.commit
 
 
 def test_the_build_patches_the_dirty_tree_it_was_planned_for(checkout: Checkout, tmp_path: Path) -> None:
