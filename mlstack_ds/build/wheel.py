@@ -22,6 +22,7 @@ from mlstack_ds.plan.buildplan import BuildPlan, plan_env
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.runner import run_streaming
 from mlstack_ds.source.cache import Cache, publish, sha256_of
+from mlstack_ds.source.checkout import short_pin
 from mlstack_ds.source.fetch import SourceSpec, SourceTree, fetch_source, source_pin
 from mlstack_ds.source.gitrepo import rev_parse
 
@@ -197,12 +198,16 @@ def _op_error(op_logs: OpLogs, op: str, log_path: Path) -> BuildError:
 
 
 def _check_source_is_the_plans(plan: BuildPlan, recipe: Recipe, spec: SourceSpec, tree: SourceTree) -> None:
-    """The plan hashed one source; build exactly that one (a local tree edited since the plan is refused)."""
+    """The plan hashed one source; build exactly that one (a local tree edited since the plan is refused,
+    and a dirty checkout's copy must have the plan's digest)."""
     now = source_pin(recipe, spec)
-    fetched = tree.sha256 if tree.sha256 else tree.commit
-    if now != plan.source_pin or (not now.startswith("tree:") and fetched != plan.source_pin):
-        raise BuildError(f"the source changed since the plan was made (plan {plan.source_pin[:17]}, "
-                         f"now {now[:17]})", hint="run the same command again to plan for the source as it is now")
+    fetched = tree.pin or tree.sha256 or tree.commit
+    if now == plan.source_pin and (now.startswith("tree:") or fetched == plan.source_pin):
+        return
+    changed = fetched if now == plan.source_pin else now  # a checkout edited while it was copied: the copy's
+    raise BuildError(f"the source changed since the plan was made (plan {short_pin(plan.source_pin, 17)}, "
+                     f"now {short_pin(changed, 17)})",
+                     hint="run the same command again to plan for the source as it is now")
 
 
 def _check_series_is_the_plans(plan: BuildPlan, applied: tuple[tuple[str, str], ...]) -> None:

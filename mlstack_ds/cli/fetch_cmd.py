@@ -54,6 +54,8 @@ def register(app: typer.Typer) -> None:
             output.emit_json({**asdict(tree), "path": str(tree.path)})
         else:
             note = ", from the cache" if tree.from_cache else ""
+            if tree.pin:
+                note += f", its uncommitted changes committed on the pinned commit: pin {tree.pin}"
             output.out.print(f"{tree.path}  {recipe.package} {recipe.version} at {tree.commit} "
                              f"(source {tree.kind}: {tree.origin}{note})")
 

@@ -42,6 +42,7 @@ from mlstack_ds.installed.receipt import read_receipt, receipt_path
 from mlstack_ds.plan.buildjobs import BuildConcurrency
 from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.plan.targets import TARGET_SOURCE_TEXT
+from mlstack_ds.source.checkout import short_pin
 from mlstack_ds.verify.report import VerifyReport, render_report
 
 
@@ -311,7 +312,7 @@ def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
     """The plan on `console` (a table only where it fits whole); its notes are warnings (stderr) either way.
     Patch names and flags are copied by users: `print_records` never cuts them short."""
     head: list[tuple[str, Cell]] = [
-        ("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {plan.source_pin[:12]})"),
+        ("DeepSpeed", f"{plan.deepspeed_version} from {plan.source} (pin {short_pin(plan.source_pin)})"),
         ("patches", [p.name for p in plan.patches] or ["none"]),
         ("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})"),
     ]

@@ -41,6 +41,7 @@ class PlanOptions:
     jobs: int | None = None
     patches: bool = True
     source_pin: str | None = None  # what the build will use (source.fetch.source_pin); None: the recipe's
+    source_notes: tuple[str, ...] = ()  # what the plan says about that source (a dirty checkout, ...)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class BuildPlan:
     recipe: str
     deepspeed_version: str
     source: str
-    source_pin: str  # what the tree must be: a commit, an archive's sha256, or tree:<digest> of a directory
+    source_pin: str  # what the tree must be: a commit, an archive's sha256, <commit>+dirty.<digest> of a
+    # checkout's working tree, or tree:<digest> of a directory
     patches: tuple[PatchRef, ...]
     platform: str
     accelerator: str
@@ -113,7 +115,7 @@ def make_plan(
         raise UsageError(f"recipe {recipe.name} has no build table for platform {platform!r}",
                          hint="use a recipe that supports this platform")
     build = buildspec.parse_platform(platform, table, str(recipe.path))
-    notes: list[str] = []
+    notes: list[str] = list(options.source_notes)
 
     env: dict[str, str] = {"DS_ACCELERATOR": build.accelerator, "DS_BUILD_OPS": "0"}
     archs: tuple[str, ...] = ()

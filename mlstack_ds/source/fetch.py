@@ -21,8 +21,16 @@ from mlstack_ds.errors import FetchError, UsageError
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.source.archive import extract_archive, is_archive_name
 from mlstack_ds.source.cache import Cache, publish, sha256_of
+from mlstack_ds.source.checkout import (
+    copy_files,
+    dirty_pin,
+    files_digest,
+    short_pin,
+    working_tree_files,
+    working_tree_status,
+)
 from mlstack_ds.source.git import clone_pinned_tag, git_cache_entry, repo_head
-from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH, git, import_tree, is_git_worktree
+from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH, git, import_tree, is_git_worktree, rev_parse
 from mlstack_ds.source.local import check_deepspeed_tree, copy_plain_tree, has_commit, tree_digest
 from mlstack_ds.source.pypi import pip_download_sdist
 from mlstack_ds.source.url import ProgressCallback, download, filename_from_url
@@ -50,6 +58,9 @@ class SourceTree:
 
     `from_cache`: the pinned content was already in the cache, so `origin` was not contacted (entries
     are keyed by sha256 / commit, so the content is the same whichever URL or mirror is named).
+    `pin`: set when the tree is neither a commit nor an archive of the pin, but a dirty checkout's working
+    tree: `<pinned commit>+dirty.<digest>` of the files that were copied (`commit` is then the commit
+    made of them, on top of the pinned one).
     """
 
     path: Path
@@ -58,6 +69,15 @@ class SourceTree:
     origin: str
     sha256: str | None
     from_cache: bool = False
+    pin: str | None = None
+
+
+@dataclass(frozen=True)
+class SourcePin:
+    """`source_pin`'s answer with what the plan should say about it (a dirty checkout, say)."""
+
+    pin: str
+    notes: tuple[str, ...] = ()
 
 
 def parse_source_spec(source: str = "git", *, git_url: str | None = None, git_commit: str | None = None,
@@ -138,22 +158,62 @@ def pinned_commit(recipe: Recipe) -> str:
 
 
 def source_pin(recipe: Recipe, spec: SourceSpec) -> str:
-    """What the build will really use, for the plan and the wheel-cache key: the commit (`git`, a git
-    checkout; `--git-commit` when given), the sha256 of the archive (PyPI's pinned sdist, or `--sha256`
-    for a URL or a local archive), or `tree:<digest>` of a plain local directory (edits change it)."""
+    """What the build will really use, for the plan and the wheel-cache key: the commit (`git`, a clean
+    git checkout; `--git-commit` when given), the sha256 of the archive (PyPI's pinned sdist, or `--sha256`
+    for a URL or a local archive), `<commit>+dirty.<digest>` of a git checkout with uncommitted changes,
+    or `tree:<digest>` of a plain local directory (edits change both)."""
+    return pin_source(recipe, spec).pin
+
+
+def pin_source(recipe: Recipe, spec: SourceSpec) -> SourcePin:
+    """`source_pin`, with notes for the plan: a dirty checkout, a checkout whose HEAD is not the pin, a
+    local `--git-url` repository whose uncommitted changes the clone leaves out."""
     if spec.kind == "git":
-        return spec.git_commit or pinned_commit(recipe)
+        return SourcePin(spec.git_commit or pinned_commit(recipe), _git_url_notes(recipe, spec))
     if spec.kind == "pypi":
-        return recipe.sdist.sha256
+        return SourcePin(recipe.sdist.sha256)
     if spec.kind == "url":
-        return spec.sha256 or recipe.sdist.sha256
+        return SourcePin(spec.sha256 or recipe.sdist.sha256)
     path = check_local_source(spec)
     assert path is not None
     if path.is_file():
-        return spec.sha256 or recipe.sdist.sha256
+        return SourcePin(spec.sha256 or recipe.sdist.sha256)
     if is_git_worktree(path):
-        return pinned_commit(recipe)
-    return "tree:" + tree_digest(path)
+        return _checkout_pin(recipe, path)
+    return SourcePin("tree:" + tree_digest(path))
+
+
+def _checkout_pin(recipe: Recipe, path: Path) -> SourcePin:
+    """A clean checkout gives the pinned commit (its HEAD does not matter: the build takes that commit
+    from it); a dirty one gives its working tree, built on top of the pinned commit."""
+    commit = _require_pinned_commit(recipe, path)
+    state = working_tree_status(path)
+    if not state.dirty:
+        if state.head == commit:
+            return SourcePin(commit)
+        return SourcePin(commit, (f"{path} is at {(state.head or 'no commit')[:12]}, not the pinned commit "
+                                  f"{commit[:12]}: the build takes {commit[:12]} from it, without the "
+                                  "checkout's own commits",))
+    check_deepspeed_tree(path, recipe, str(path))
+    pin = dirty_pin(commit, files_digest(path, working_tree_files(path)))
+    count = len(state.changes)
+    return SourcePin(pin, (f"{path} is dirty ({count} uncommitted change{'s' if count > 1 else ''}, first "
+                           f"`{state.changes[0].strip()}`): the build takes its working tree as it is on disk, "
+                           f"files git ignores left out, on top of the pinned commit {commit[:12]} "
+                           f"(pin {short_pin(pin)})",))
+
+
+def _git_url_notes(recipe: Recipe, spec: SourceSpec) -> tuple[str, ...]:
+    """`--source git` clones the tag, never a working tree: say so when the repository named is a local
+    checkout with uncommitted changes (they are not built, and nothing says so otherwise)."""
+    url = spec.git_url or recipe.git.url
+    if "://" in url and not url.startswith("file://"):
+        return ()
+    path = Path(url.removeprefix("file://")).expanduser()
+    if not is_git_worktree(path) or not working_tree_status(path).dirty:
+        return ()
+    return (f"{url} has uncommitted changes, which --source git does not build: it clones the tag "
+            f"{recipe.git.tag} from there (--source {path} builds a checkout's working tree)",)
 
 
 def check_local_source(spec: SourceSpec) -> Path | None:
@@ -183,11 +243,9 @@ def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, dest: Path) -> 
         _materialize(repo, commit, dest)
         return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=sha256)
     if is_git_worktree(path):
-        commit = pinned_commit(recipe)
-        if not has_commit(path, commit):
-            raise FetchError(f"{path} is a git checkout without the pinned commit {commit}",
-                             hint=f"run `git fetch origin tag {recipe.git.tag}` there, "
-                             "or pass an extracted sdist")
+        commit = _require_pinned_commit(recipe, path)
+        if working_tree_status(path).dirty:
+            return _fetch_dirty_checkout(recipe, path, commit, dest)
         _materialize(path, commit, dest)
         return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=None)
     check_deepspeed_tree(path, recipe, str(path))
@@ -197,6 +255,46 @@ def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, dest: Path) -> 
         commit = import_tree(tree, _import_message(recipe), FetchError)
         _materialize(tree, commit, dest)
     return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=None)
+
+
+def _require_pinned_commit(recipe: Recipe, path: Path) -> str:
+    commit = pinned_commit(recipe)
+    if not has_commit(path, commit):
+        raise FetchError(f"{path} is a git checkout without the pinned commit {commit}",
+                         hint=f"run `git fetch origin tag {recipe.git.tag}` there, "
+                         "or pass an extracted sdist")
+    return commit
+
+
+def _fetch_dirty_checkout(recipe: Recipe, path: Path, commit: str, dest: Path) -> SourceTree:
+    """The pinned commit with one commit on top holding the checkout's working tree as copied; the tree's
+    pin is the digest of the copy, so a checkout edited while it was read does not pass for the plan's."""
+    check_deepspeed_tree(path, recipe, str(path))
+    copied: list[str] = []
+
+    def overlay(tree: Path) -> None:
+        files = working_tree_files(path)
+        for entry in tree.iterdir():
+            if entry.name == ".git":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        copy_files(path, tree, files)
+        copied.append(dirty_pin(commit, files_digest(tree, files)))
+        git(["add", "-A", "-f", "."], cwd=tree, error=FetchError, what="git add")
+        git(["commit", "-q", "--no-verify", "--allow-empty", "-m", _working_tree_message(recipe, copied[0])],
+            cwd=tree, error=FetchError, what="git commit")
+
+    head = _materialize(path, commit, dest, overlay)
+    return SourceTree(path=dest, commit=head, kind="path", origin=str(path), sha256=None, pin=copied[0])
+
+
+def _working_tree_message(recipe: Recipe, pin: str) -> str:
+    # Equal content => equal commit id, wherever the checkout is.
+    return (f"Working tree of a {recipe.package} {recipe.version} checkout\n\n"
+            f"Made by mlstack-ds from a checkout with uncommitted changes (pin {pin}).\n")
 
 
 def _import_message(recipe: Recipe) -> str:
@@ -259,8 +357,9 @@ def _check_dest(dest: Path) -> None:
                          hint="remove it or choose another --dest")
 
 
-def _materialize(repo: Path, commit: str, dest: Path) -> None:
-    """Clone `repo` at `commit` into `dest` on branch `mlstack-ds`; `dest` appears only when complete."""
+def _materialize(repo: Path, commit: str, dest: Path, overlay: Callable[[Path], None] | None = None) -> str:
+    """Clone `repo` at `commit` into `dest` on branch `mlstack-ds`; `dest` appears only when complete.
+    `overlay` may commit more on top first; the pristine ref and the returned commit are the final HEAD."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
@@ -271,9 +370,13 @@ def _materialize(repo: Path, commit: str, dest: Path) -> None:
         tree = staging / "tree"
         git(["clone", "-q", "--no-checkout", str(repo), str(tree)], cwd=staging, error=FetchError,
             what=f"cloning {repo} into the destination")
+        git(["checkout", "-q", "-B", WORK_BRANCH, commit], cwd=tree, error=FetchError,
+            what="checkout of the pinned commit")
+        if overlay is not None:
+            overlay(tree)
+        head = rev_parse(tree, "HEAD", FetchError)
         steps = (
-            (["checkout", "-q", "-B", WORK_BRANCH, commit], "checkout of the pinned commit"),
-            (["update-ref", PRISTINE_REF, commit], "recording the pristine commit"),
+            (["update-ref", PRISTINE_REF, head], "recording the pristine commit"),
             (["remote", "remove", "origin"], "detaching from the cache"),
         )
         for args, what in steps:
@@ -287,3 +390,4 @@ def _materialize(repo: Path, commit: str, dest: Path) -> None:
         os.rename(tree, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return head

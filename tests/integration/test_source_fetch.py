@@ -221,12 +221,10 @@ def test_git_checkout_with_the_pinned_commit_is_cloned_at_that_commit(git_source
     custom.parent.mkdir()
     custom.write_text(shipped.replace(PINNED_UPSTREAM_COMMIT, git_source_repo.commit))
     recipe = find_recipe(custom)
-    (git_source_repo.path / "AFTER_THE_TAG.txt").write_text("an uncommitted local edit\n")
-    try:
-        tree = fetch_source(recipe, parse_source_spec(str(git_source_repo.path)), tmp_path / "c", tmp_path / "ds")
-    finally:
-        subprocess.run(["git", "checkout", "-q", "--", "AFTER_THE_TAG.txt"], cwd=git_source_repo.path, check=True)
-    assert tree.kind == "path" and tree.commit == git_source_repo.commit
+    # A clean checkout: the pinned commit is taken from it (a dirty one gives its working tree on top of the
+    # pinned commit instead: tests/integration/test_dirty_checkout.py).
+    tree = fetch_source(recipe, parse_source_spec(str(git_source_repo.path)), tmp_path / "c", tmp_path / "ds")
+    assert tree.kind == "path" and tree.commit == git_source_repo.commit and tree.pin is None
     assert_clean_pinned_tree(tree.path, git_source_repo.commit)
     assert not (tree.path / "AFTER_THE_TAG.txt").exists()  # the pinned commit, not the checkout's tip
 
