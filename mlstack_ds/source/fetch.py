@@ -178,15 +178,30 @@ def pin_source(recipe: Recipe, spec: SourceSpec) -> SourcePin:
     assert path is not None
     if path.is_file():
         return SourcePin(spec.sha256 or recipe.sdist.sha256)
-    if is_git_worktree(path):
+    if is_git_worktree(path) and _has_pinned_commit(recipe, path):
         return _checkout_pin(recipe, path)
-    return SourcePin("tree:" + tree_digest(path))
+    check_deepspeed_tree(path, recipe, str(path))
+    pin = SourcePin("tree:" + tree_digest(path))
+    if is_git_worktree(path):
+        return SourcePin(pin.pin, (_foreign_history_note(recipe, path),))
+    return pin
+
+
+def _has_pinned_commit(recipe: Recipe, path: Path) -> bool:
+    return recipe.git.commit is not None and has_commit(path, recipe.git.commit)
+
+
+def _foreign_history_note(recipe: Recipe, path: Path) -> str:
+    """A checkout whose history lacks the pinned commit: a tree `mlstack-ds fetch` made from the sdist
+    (its own import commit), or a copy with another history. Its files are what the user means to build."""
+    return (f"{path} is a git checkout without the pinned commit {(recipe.git.commit or 'none')[:12]} (e.g. a "
+            f"tree made by `mlstack-ds fetch`): its files are built as a plain directory, pinned by their content")
 
 
 def _checkout_pin(recipe: Recipe, path: Path) -> SourcePin:
     """A clean checkout gives the pinned commit (its HEAD does not matter: the build takes that commit
     from it); a dirty one gives its working tree, built on top of the pinned commit."""
-    commit = _require_pinned_commit(recipe, path)
+    commit = pinned_commit(recipe)
     state = working_tree_status(path)
     if not state.dirty:
         if state.head == commit:
@@ -242,8 +257,8 @@ def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, dest: Path) -> 
         repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: path)
         _materialize(repo, commit, dest)
         return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=sha256)
-    if is_git_worktree(path):
-        commit = _require_pinned_commit(recipe, path)
+    if is_git_worktree(path) and _has_pinned_commit(recipe, path):
+        commit = pinned_commit(recipe)
         if working_tree_status(path).dirty:
             return _fetch_dirty_checkout(recipe, path, commit, dest)
         _materialize(path, commit, dest)
@@ -255,15 +270,6 @@ def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, dest: Path) -> 
         commit = import_tree(tree, _import_message(recipe), FetchError)
         _materialize(tree, commit, dest)
     return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=None)
-
-
-def _require_pinned_commit(recipe: Recipe, path: Path) -> str:
-    commit = pinned_commit(recipe)
-    if not has_commit(path, commit):
-        raise FetchError(f"{path} is a git checkout without the pinned commit {commit}",
-                         hint=f"run `git fetch origin tag {recipe.git.tag}` there, "
-                         "or pass an extracted sdist")
-    return commit
 
 
 def _fetch_dirty_checkout(recipe: Recipe, path: Path, commit: str, dest: Path) -> SourceTree:

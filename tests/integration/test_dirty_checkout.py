@@ -19,7 +19,7 @@ import pytest
 from support.cli import run_cli
 
 from mlstack_ds.build.wheel import build_wheel
-from mlstack_ds.errors import BuildError, ExitCode, FetchError
+from mlstack_ds.errors import BuildError, FetchError
 from mlstack_ds.install.pipeline import InstallRequest, prepare
 from mlstack_ds.patches import apply_series, series_for_recipe
 from mlstack_ds.plan.buildplan import PatchRef
@@ -220,12 +220,40 @@ def test_a_dirty_checkout_on_later_commits_builds_its_working_tree(checkout: Che
     assert git(tree.path, "rev-parse", "HEAD^") == checkout.commit
 
 
-def test_a_checkout_without_the_pinned_commit_is_refused_by_the_dry_run_too(checkout: Checkout) -> None:
+def test_a_checkout_without_the_pinned_commit_is_built_as_a_plain_directory(checkout: Checkout) -> None:
+    """Another history (a fork, a copy): its files are what the user means to build, pinned by content and
+    still checked to be the pinned version, as a directory without .git is."""
     result = run_cli("install", "--dry-run", "--json", "--source", checkout.path, "--python", sys.executable)
-    assert result.returncode == ExitCode.FETCH
-    assert "without the pinned commit" in result.json["error"]["message"]
-    with pytest.raises(FetchError, match="without the pinned commit"):
+    assert result.returncode == 0, result.stderr
+    plan = result.json["plan"]
+    assert plan["source_pin"].startswith("tree:")
+    assert [n for n in plan["notes"] if "without the pinned commit" in n and "plain directory" in n]
+    assert source_pin(find_recipe(), parse_source_spec(str(checkout.path))) == plan["source_pin"]
+    (checkout.path / "version.txt").write_text("0.18.0\n")
+    with pytest.raises(FetchError, match=r"is deepspeed 0\.18\.0, but the pin is 0\.19\.5"):
         source_pin(find_recipe(), parse_source_spec(str(checkout.path)))
+
+
+def test_a_tree_from_fetch_edited_gets_a_new_key(pip_mirror: Path, tmp_path: Path) -> None:
+    """The issue's steps: `fetch --dest DIR` (the sdist, imported as one commit), an edit, `install --dry-run
+    --source DIR`. The tree's own commit is not the pinned one; its content is what is pinned."""
+    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(pip_mirror)}
+    tree, cache = tmp_path / "ds", tmp_path / "cache"
+    fetched = run_cli("fetch", "--dest", tree, "--cache-dir", cache, env=env)
+    assert fetched.returncode == 0, fetched.stderr
+
+    def plan() -> dict:
+        result = run_cli("install", "--dry-run", "--json", "--source", tree, "--cache-dir", cache,
+                         "--python", sys.executable, env=env)
+        assert result.returncode == 0, result.stderr
+        return result.json["plan"]
+
+    before = plan()
+    engine = tree / ENGINE
+    engine.write_text(engine.read_text() + "# a local experiment\n")
+    after = plan()
+    assert before["source_pin"].startswith("tree:") and after["source_pin"].startswith("tree:")
+    assert after["source_pin"] != before["source_pin"] and after["cache_key"] != before["cache_key"]
 
 
 def test_source_git_from_a_dirty_local_repository_builds_the_tag_and_says_so(checkout: Checkout,

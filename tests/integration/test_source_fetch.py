@@ -19,6 +19,7 @@ from mlstack_ds.errors import ExitCode, FetchError, UsageError
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
 from mlstack_ds.source.cache import Cache
+from mlstack_ds.source.fetch import source_pin
 from mlstack_ds.source.git import clone_pinned_tag
 from mlstack_ds.source.gitrepo import PRISTINE_REF, WORK_BRANCH
 
@@ -207,11 +208,13 @@ def test_directory_of_another_version_is_refused(pristine_tree_template: Path, t
     nothing_left(tmp_path / "cache", tmp_path / "ds")
 
 
-def test_git_checkout_without_the_pinned_commit_is_refused(git_source_repo, tmp_path: Path) -> None:
-    with pytest.raises(FetchError, match="without the pinned commit"):
-        fetch_source(find_recipe(), parse_source_spec(str(git_source_repo.path)), tmp_path / "cache",
-                     tmp_path / "ds")
-    nothing_left(tmp_path / "cache", tmp_path / "ds")
+def test_git_checkout_without_the_pinned_commit_is_imported_like_a_plain_directory(git_source_repo,
+                                                                                   tmp_path: Path) -> None:
+    spec = parse_source_spec(str(git_source_repo.path))
+    tree = fetch_source(find_recipe(), spec, tmp_path / "cache", tmp_path / "ds")
+    assert tree.commit != git_source_repo.commit  # its files, imported: not its history
+    assert (tree.path / "version.txt").read_text().strip() == "0.19.5"
+    assert source_pin(find_recipe(), spec).startswith("tree:")
 
 
 def test_git_checkout_with_the_pinned_commit_is_cloned_at_that_commit(git_source_repo, tmp_path: Path) -> None:
