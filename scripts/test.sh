@@ -10,7 +10,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VENV=${MLSTACK_TEST_VENV:-.venv-test}
 APT_PACKAGES=(git hipcc rocminfo build-essential ninja-build ccache python3-dev libaio-dev
-              openssh-server openssh-client pdsh iproute2 procps util-linux)
+              openssh-server openssh-client pdsh iproute2 procps util-linux
+              slurmctld slurmd slurm-client munge)
 # The torch pin and DeepSpeed 0.19.5's runtime requirements (the patch tests run DeepSpeed straight from a
 # source tree in this venv): pip requirement files, the one place they are spelled (tests/support/pins.py).
 PINS=requirements
