@@ -1,4 +1,5 @@
-"""Two hosts for the multi-node tests (tests/support/two_hosts.py): network namespaces with their own sshd.
+"""Two hosts for the multi-node tests (tests/support/two_hosts.py): network namespaces with their own sshd;
+`slurm`: a Slurm cluster on two such hosts (tests/support/slurm_cluster.py).
 
 `two_hosts_shared` is the usual cluster: both nodes see the same file system (an NFS home), so the target
 venv and the tool are at the same paths everywhere. `node_local_hosts` gives each node its own copy of a
@@ -15,6 +16,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
+from support import slurm_cluster as slurm_harness
+from support.slurm_cluster import SlurmCluster, slurm_cluster
 from support.two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
 
 
@@ -29,6 +32,16 @@ def two_hosts_shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHo
     _skip_without_harness()
     with two_hosts(tmp_path_factory.mktemp("two-hosts")) as hosts:
         yield hosts
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A two-node Slurm cluster on two hosts of its own (tests/support/slurm_cluster.py), idle at the start."""
+    why = slurm_harness.missing()
+    if why:
+        pytest.skip(why)
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -33,7 +34,7 @@ SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "salloc", "sinfo", "scontrol", "scancel", "squeue")
 SLURM_BIN = "/usr/bin"  # Debian's slurm-client
-SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; slurmd's step sockets add "<node>_<job>.<step>" to its spool dir
+SOCKET_PATH_MAX = 107  # sun_path's bytes; slurmd's step sockets are <spool dir>/<node>_<job>.<step>
 READY_TIMEOUT = 180.0  # from the first daemon to both nodes idle: seconds idle, tens under a load of 15+
 
 
@@ -100,16 +101,25 @@ class SlurmCluster:
         return self.run_in(self.login, ["salloc", f"-N{nodes}", "--quiet", *options, "--", *argv], env=env,
                            timeout=timeout)
 
+    def allocate(self, *, nodes: int = 2, options: Sequence[str] = (), timeout: float = 300) -> str:
+        """The id of a new allocation with no command in it (`salloc --no-shell`), for `srun --jobid=ID`
+        started from any node and for `scancel ID`; it lasts until cancelled."""
+        out = self.run_in(self.login, ["salloc", f"-N{nodes}", "--no-shell", *options], timeout=timeout)
+        granted = re.search(r"Granted job allocation (\d+)", out.stderr)
+        if out.returncode != 0 or granted is None:
+            raise RuntimeError(f"salloc --no-shell failed ({out.returncode}): {out.stderr.strip()}")
+        return granted.group(1)
+
     def squeue(self) -> list[str]:
         """The job ids Slurm still knows (running, pending or completing)."""
         out = self.run_in(self.login, ["squeue", "-h", "-o", "%i"], timeout=60)
         return out.stdout.split()
 
     def processes(self, node: Host) -> list[int]:
-        """PIDs in `node`'s network namespace other than its sshd and Slurm daemons: a job's processes,
-        including slurmstepd (to prove nothing of a job was left running)."""
+        """PIDs in `node`'s network namespace other than its sshd and Slurm daemons (slurmctld's own child
+        slurmscriptd included): a job's processes, slurmstepd included (to prove nothing of a job is left)."""
         daemons = {proc.pid for proc in self.daemons.values()}
-        return [pid for pid in self.hosts.processes(node) if pid not in daemons]
+        return [pid for pid in self.hosts.processes(node) if pid not in daemons and _ppid(pid) not in daemons]
 
     def leftovers(self) -> dict[str, list[str]]:
         """{node name: "pid command line"} of every process `processes` finds, for an assertion's message."""
@@ -150,6 +160,13 @@ class SlurmCluster:
             text = log.read_text(errors="replace").splitlines()[-lines:]
             tails.append(f"--- {log.name}\n" + "\n".join(text))
         return "\n".join(tails)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _cmdline(pid: int) -> str:
@@ -237,8 +254,8 @@ def slurm_cluster(root: Path, *, hosts: TwoHosts | None = None, kill_wait: int =
             (slurm / sub).mkdir(parents=True)
         for host in hosts.hosts:
             (slurm / "spool" / host.name).mkdir()  # slurmd does not create its %n spool directory
-            if len(str(slurm / "spool" / host.name)) + 30 > SOCKET_PATH_MAX:
-                raise RuntimeError(f"{slurm} is too long a path for slurmd's step sockets")
+            if len(str(slurm / "spool" / host.name / host.name)) + len("_123456.1234") > SOCKET_PATH_MAX:
+                raise RuntimeError(f"{slurm} is too long a path for slurmd's step sockets: give a shorter root")
         (slurm / "munge").chmod(0o700)
         key = slurm / "munge" / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
