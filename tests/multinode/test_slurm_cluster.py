@@ -27,6 +27,7 @@ CANCEL_BOUND = 120
 
 
 def test_cluster_is_up_with_both_nodes_idle(slurm: SlurmCluster) -> None:
+    slurm.wait_idle()  # at once after the start; later, once the previous tests' jobs are cleaned up
     assert slurm.node_states() == {node.name: "idle" for node in slurm.nodes}
     assert [node.address for node in slurm.nodes] == ["10.213.77.1", "10.213.77.2"]
 
@@ -104,6 +105,53 @@ def test_cancelled_job_leaves_nothing_on_either_node(slurm: SlurmCluster) -> Non
     assert slurm.squeue() == []
 
 
+TRAP = """
+import os, signal, sys, time
+out = open(os.path.join(sys.argv[1], os.environ["SLURM_PROCID"]), "a", buffering=1)
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCONT, signal.SIGHUP):
+    signal.signal(sig, lambda number, frame: out.write(signal.Signals(number).name + "\\n"))
+out.write("ready\\n")
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize(("stop", "received", "waits_kill_wait"), [
+    ("scancel", ["SIGCONT", "SIGTERM"], True),  # the job's tasks: SIGCONT+SIGTERM, SIGKILL after KillWait
+    ("srun-sigterm", [], False),  # srun "forcing job termination": SIGKILL at once, no chance to clean up
+], ids=["scancel", "srun-sigterm"])
+def test_how_a_step_is_stopped(slurm: SlurmCluster, tmp_path: Path, stop: str, received: list[str],
+                               waits_kill_wait: bool) -> None:
+    """What a task that traps every catchable signal sees when its job is cancelled or its srun gets SIGTERM,
+    and how long it lives after (tasks that ignore SIGTERM die at KillWait's SIGKILL)."""
+    job = slurm.allocate()
+    srun = slurm.popen_in(slurm.login, ["srun", f"--jobid={job}", "-N2", "-n2", sys.executable, "-c", TRAP,
+                                        tmp_path])
+    try:
+        deadline = time.monotonic() + CANCEL_BOUND
+        while sorted(f.read_text() for f in tmp_path.iterdir()) != ["ready\n", "ready\n"]:
+            assert srun.poll() is None, srun.communicate()
+            assert time.monotonic() < deadline, f"the tasks did not start: {slurm.leftovers()}"
+            time.sleep(0.2)
+        started = time.monotonic()
+        if stop == "scancel":
+            assert slurm.run_in(slurm.login, ["scancel", job], timeout=60).returncode == 0
+        else:
+            srun.terminate()
+        assert slurm.wait_no_leftovers(CANCEL_BOUND) == {}
+        gone = time.monotonic() - started
+        sys.stderr.write(f"\n[slurm] {stop}: tasks got {received}, all gone after {gone:.1f} s\n")
+        assert [f.read_text().split()[1:] for f in sorted(tmp_path.iterdir())] == [received, received]
+        if waits_kill_wait:
+            assert gone >= slurm.kill_wait
+    finally:
+        if srun.poll() is None:
+            srun.kill()
+        srun.communicate()
+        slurm.run_in(slurm.login, ["scancel", job], timeout=60)
+    slurm.wait_idle()
+
+
 RENDEZVOUS = """
 import os, socket, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
@@ -154,7 +202,19 @@ def test_cluster_starts_again_on_the_same_directory_and_leaves_no_trace(
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
         assert not any(name in listed or (NETNS_ETC / name).exists() for name in netns)
         assert not any(Path(f"/proc/{pid}").exists() for pid in daemons)
-    assert slurm.node_states() == {node.name: "idle" for node in slurm.nodes}  # the other cluster is untouched
+    slurm.wait_idle()  # the session's cluster is untouched
+
+
+def test_a_cluster_that_does_not_come_up_says_why_and_leaves_no_trace(
+        slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "CGROUP_CONF", "CgroupPlugin=cgroup/none-such\n")  # slurmd cannot start
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    broken = slurm_cluster(tmp_path_factory.mktemp("slurm-broken"))
+    with pytest.raises(RuntimeError, match=r"(?s)slurmd-mls-node-a exited with .*--- slurmd-mls-node-a\.log"):
+        broken.__enter__()
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert set(after.split()) <= set(before.split())
+    slurm.wait_idle()
 
 
 def test_missing_names_the_absent_tool(monkeypatch: pytest.MonkeyPatch) -> None:

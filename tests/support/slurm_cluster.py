@@ -155,9 +155,13 @@ class SlurmCluster:
         raise RuntimeError(f"the Slurm nodes are not idle after {timeout:g} s (sinfo: {states})\n{self.log_tails()}")
 
     def log_tails(self, lines: int = 15) -> str:
+        """The last lines of each daemon's log (its stderr when it died before opening the log)."""
         tails = []
-        for log in sorted((self.root / "log").glob("*.log")):
-            text = log.read_text(errors="replace").splitlines()[-lines:]
+        for name in sorted({log.name.split(".")[0] for log in (self.root / "log").iterdir()}):
+            log = self.root / "log" / f"{name}.log"
+            if not log.exists() or not log.stat().st_size:
+                log = log.with_suffix(".stderr")
+            text = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else ["(nothing)"]
             tails.append(f"--- {log.name}\n" + "\n".join(text))
         return "\n".join(tails)
 
@@ -256,7 +260,6 @@ def slurm_cluster(root: Path, *, hosts: TwoHosts | None = None, kill_wait: int =
             (slurm / "spool" / host.name).mkdir()  # slurmd does not create its %n spool directory
             if len(str(slurm / "spool" / host.name / host.name)) + len("_123456.1234") > SOCKET_PATH_MAX:
                 raise RuntimeError(f"{slurm} is too long a path for slurmd's step sockets: give a shorter root")
-        (slurm / "munge").chmod(0o700)
         key = slurm / "munge" / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
@@ -272,13 +275,13 @@ def slurm_cluster(root: Path, *, hosts: TwoHosts | None = None, kill_wait: int =
             ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket}",
              f"--pid-file={slurm / 'run' / 'munged.pid'}", f"--log-file={log / 'munged.log'}",
              f"--seed-file={slurm / 'munge' / 'seed'}"],
-            stdout=subprocess.DEVNULL, stderr=(log / "munged.stderr.log").open("wb"), start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=(log / "munged.stderr").open("wb"), start_new_session=True)
         _wait_for(socket, cluster.daemons["munged"], "munged", ready_timeout)
         starts = [("slurmctld", hosts.hosts[0], ["slurmctld", "-D", "-c", "-f", conf])]
         starts += [(f"slurmd-{h.name}", h, ["slurmd", "-D", "-c", "-f", conf, "-N", h.name]) for h in hosts.hosts]
         for name, host, argv in starts:
             cluster.daemons[name] = subprocess.Popen(
-                hosts.on(host, argv), stdout=subprocess.DEVNULL, stderr=(log / f"{name}.stderr.log").open("wb"),
+                hosts.on(host, argv), stdout=subprocess.DEVNULL, stderr=(log / f"{name}.stderr").open("wb"),
                 stdin=subprocess.DEVNULL, env=daemon_env, start_new_session=True)
         cluster.wait_idle(ready_timeout)
         yield cluster
