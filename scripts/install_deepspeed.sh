@@ -70,8 +70,8 @@ system_packages() {
   esac
 }
 # What each package (same order) is for, as the closing summary names it.
-PACKAGE_ROLES=("the build (C++ compiler)" "the build (Python headers)" "parallel op builds (ninja)"
-               "async_io and verify's nvme_offload (libaio headers)")
+PACKAGE_ROLES=("a C++ compiler for the build" "Python headers for the build" "ninja for parallel op builds"
+               "libaio headers for async_io and verify's nvme_offload")
 package_installed() {  # MANAGER PACKAGE
   if [[ $1 == apt-get ]]; then
     dpkg-query -W -f='${Status}' "$2" 2>/dev/null | grep -q "install ok installed"
@@ -227,7 +227,7 @@ summary() {
     else
       fix="$(manual_command "$manager" "${missing[@]}") && $(rerun)"
     fi
-    echo "==> left out: $roles (system packages ${missing[*]}); add with: ${fix% }" >&2
+    echo "==> left out: $roles (system package(s) ${missing[*]}); add with: ${fix% }" >&2
   fi
   if ! clients_installed; then
     nothing=""

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from support.cli import CliResult, run_wrapper
-from support.fakepkg import FakePackageHost, guard_bin
+from support.cli import WRAPPER, CliResult, run_wrapper
+from support.fakepkg import FakePackageHost
 from support.pins import CLIENT_PACKAGES, TORCH_VERSION
 from support.target_env import bare_venv, overlay_venv
 
@@ -123,15 +122,29 @@ PROBE_CLIENTS = ("import importlib, importlib.metadata as m, json; print(json.du
                  "importlib.import_module(n).__file__) for n in ('torch', 'transformers', 'accelerate')}))")
 
 
-def test_with_clients_installs_them_with_torch_held(tmp_path: Path, torch_only_python: Path) -> None:
+def test_summary_names_what_is_left_out_and_with_clients_installs_them_with_torch_held(
+        tmp_path: Path, torch_only_python: Path) -> None:
     """Real pip, real package index: transformers and accelerate go into a scratch venv that sees the test
     venv's torch 2.13.0 (support/target_env.py: overlay_venv); torch is held, not upgraded or copied in.
-    A dry-run install ends the run (nothing is built)."""
+    The host is a fake Debian without libaio-dev. A dry-run install ends each run (nothing is built)."""
     venv = overlay_venv(tmp_path / "venv", torch_only_python)
-    guard = guard_bin(tmp_path / "guard")
-    result = run_wrapper("--venv", venv, "--with-clients", "--", "--dry-run", timeout=1800,
-                         env={"PATH": f"{guard}{os.pathsep}{os.environ['PATH']}"})
+    root_host = FakePackageHost(tmp_path / "root-host", "apt-get", APT[:3], uid=0)
+    first = run_wrapper("--venv", venv, "--", "--dry-run", timeout=1800, env=root_host.env(real_path=True))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert root_host.calls("apt-get") == []  # not asked to
+    wrapper = str(WRAPPER)
+    lines = first.stderr.splitlines()
+    assert lines[-2:] == [
+        "==> left out: libaio headers for async_io and verify's nvme_offload (system package(s) libaio-dev); "
+        f"add with: {wrapper} --with-system-deps --venv {venv} -- --dry-run",
+        "==> left out: verify's hf_trainer (no transformers, accelerate); "
+        f"add with: {wrapper} --with-clients --venv {venv} -- --dry-run --force"], first.stderr[-3000:]
+
+    user_host = FakePackageHost(tmp_path / "user-host", "apt-get", APT[:3], uid=1000, sudo=False)
+    result = run_wrapper("--venv", venv, "--with-system-deps", "--with-clients", "--", "--dry-run", timeout=1800,
+                         env=user_host.env(real_path=True))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert user_host.calls("apt-get") == [] and "not done: installing system packages libaio-dev" in result.stderr
     assert f"torch held at {TORCH_VERSION}+cpu" in result.stderr
     (site,) = venv.glob("lib/python3*/site-packages")
     assert not list(site.glob("torch*")), "torch was installed into the venv instead of held"
@@ -142,7 +155,7 @@ def test_with_clients_installs_them_with_torch_held(tmp_path: Path, torch_only_p
     assert {f"{name}=={found[name][0]}" for name in ("transformers", "accelerate")} == set(CLIENT_PACKAGES)
     assert all(found[name][1].startswith(str(site)) for name in ("transformers", "accelerate")), found
     assert found["torch"][0] == f"{TORCH_VERSION}+cpu" and not found["torch"][1].startswith(str(venv)), found
-    assert "left out: verify's hf_trainer" not in result.stderr
-    assert not (guard / "calls.log").exists()
-    again = run_wrapper("--venv", venv, "--with-clients", "--", "--dry-run", timeout=1800)  # a re-run: nothing to do
-    assert again.returncode == 0 and "transformers and accelerate are already installed" in again.stderr
+    assert result.stderr.splitlines()[-1] == (  # clients are in; libaio-dev needs root: the command, then again
+        "==> left out: libaio headers for async_io and verify's nvme_offload (system package(s) libaio-dev); "
+        "add with: sudo apt-get update && sudo apt-get install -y libaio-dev && "
+        f"{wrapper} --venv {venv} --with-system-deps --with-clients -- --dry-run")

@@ -11,6 +11,7 @@ call fails the run loudly.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 from dataclasses import dataclass, field
@@ -69,9 +70,12 @@ class FakePackageHost:
             assert real is not None, f"{tool} is not installed on this machine"
             (self.bin / tool).symlink_to(real)
 
-    def env(self) -> dict[str, str]:
-        """The wrapper's environment on this host: only the fakes (and REAL_TOOLS) on PATH."""
-        return {"PATH": str(self.bin), "FAKE_PKG_LOG": str(self.log), "FAKE_PKG_STATE": str(self.state)}
+    def env(self, *, real_path: bool = False) -> dict[str, str]:
+        """The wrapper's environment on this host: only the fakes (and REAL_TOOLS) on PATH, or with
+        `real_path` the fakes before the real PATH (for a whole run; apt-get hosts only, as the fake
+        apt-get then shadows a real one but a fake dnf would not)."""
+        path = f"{self.bin}{os.pathsep}{os.environ['PATH']}" if real_path else str(self.bin)
+        return {"PATH": path, "FAKE_PKG_LOG": str(self.log), "FAKE_PKG_STATE": str(self.state)}
 
     def calls(self, *names: str) -> list[list[str]]:
         """The recorded calls (argv split), only those of `names` when given."""
