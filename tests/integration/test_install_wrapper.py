@@ -16,9 +16,13 @@ from support.target_env import bare_venv, overlay_venv
 @pytest.mark.slow
 def test_fresh_venv_without_torch_stops_with_the_fix(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    first = run_wrapper("--venv", str(venv), "--", "--dry-run")
+    first = run_wrapper("--venv", str(venv), "--with-clients", "--", "--dry-run")
     assert first.returncode == 3, first.stderr[-2000:]
     assert "PyTorch is not installed" in first.stderr and "--with-torch cpu" in first.stderr
+    # no torch to hold: accelerate would pull an unpinned (CUDA) torch, so nothing of it is installed
+    assert "not done: transformers and accelerate need the venv's PyTorch first" in first.stderr
+    assert not list(venv.glob("lib/python3*/site-packages/torch*"))
+    assert not list(venv.glob("lib/python3*/site-packages/accelerate*"))
     assert "Traceback" not in first.stderr
     assert (venv / "bin" / "mlstack-ds").exists()  # the tool itself is installed
     assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
