@@ -74,7 +74,7 @@ PACKAGE_ROLES=("a C++ compiler for the build" "Python headers for the build" "ni
                "libaio headers for async_io and verify's nvme_offload")
 package_installed() {  # MANAGER PACKAGE
   if [[ $1 == apt-get ]]; then
-    dpkg-query -W -f='${Status}' "$2" 2>/dev/null | grep -q "install ok installed"
+    [[ $(dpkg-query -W -f='${Status}' "$2" 2>/dev/null) == "install ok installed" ]]
   else
     rpm -q "$2" >/dev/null 2>&1
   fi

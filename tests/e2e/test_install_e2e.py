@@ -243,6 +243,7 @@ def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tm
     assert set(skipped) == CPU_PLATFORM_SKIPS, skipped
     assert "reusing cached wheel" in result.stderr
     assert not (guard / "calls.log").exists(), (guard / "calls.log").read_text()  # nothing needed installing
+    assert result.stderr.splitlines()[-1].startswith("==> nothing left out that this script can add")
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import deepspeed; print(deepspeed.__version__)"],
                            capture_output=True, text=True, timeout=300)
     assert check.stdout.strip().splitlines()[-1] == "0.19.5", check.stderr[-2000:]
