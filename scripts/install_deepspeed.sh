@@ -2,27 +2,38 @@
 # One-line installer: create or reuse a venv, install mlstack-ds into it, and run
 # `mlstack-ds install` there: patched DeepSpeed with ops prebuilt for this machine's GPUs.
 #
-#   scripts/install_deepspeed.sh [--venv DIR] [--with-torch cpu] [--] [mlstack-ds install options...]
+#   scripts/install_deepspeed.sh [--venv DIR] [--with-torch cpu] [--with-system-deps] [--with-clients]
+#                                [--] [mlstack-ds install options...]
 #   e.g. scripts/install_deepspeed.sh --arch gfx1100      scripts/install_deepspeed.sh -- --dry-run
 #
-# --venv DIR        the environment that gets DeepSpeed (default: .venv next to this repo). It is
-#                   created with --system-site-packages so a system-wide ROCm PyTorch stays visible.
-#                   A venv whose torch came with ROCm as Python wheels (TheRock: `rocm[libraries]`)
-#                   needs `pip install "rocm[devel]==$(DIR/bin/rocm-sdk version)"` and
-#                   `DIR/bin/rocm-sdk init` first (README, "ROCm as Python wheels"); it need not be
-#                   activated.
-# --with-torch cpu  also install the pinned CPU build of PyTorch (torch==2.13.0+cpu) into the venv,
-#                   for machines without a GPU. PyTorch is otherwise never installed behind your back:
-#                   pip's unpinned `torch` is a multi-GB CUDA build, wrong for AMD GPUs.
-# Never uses sudo, never prompts; safe to re-run.
+# --venv DIR          the environment that gets DeepSpeed (default: .venv next to this repo). It is
+#                     created with --system-site-packages so a system-wide ROCm PyTorch stays visible.
+#                     A venv whose torch came with ROCm as Python wheels (TheRock: `rocm[libraries]`)
+#                     needs `pip install "rocm[devel]==$(DIR/bin/rocm-sdk version)"` and
+#                     `DIR/bin/rocm-sdk init` first (README, "ROCm as Python wheels"); it need not be
+#                     activated.
+# --with-torch cpu    also install the pinned CPU build of PyTorch (torch==2.13.0+cpu) into the venv,
+#                     for machines without a GPU. PyTorch is otherwise never installed behind your back:
+#                     pip's unpinned `torch` is a multi-GB CUDA build, wrong for AMD GPUs.
+# --with-system-deps  first install the system packages the build needs and this machine lacks: a C++
+#                     compiler, Python headers, ninja and the libaio headers (without them async_io, the
+#                     op of NVMe offload, is not built), with apt-get, dnf or zypper, as root or through
+#                     passwordless sudo. Otherwise it prints the command to run and goes on without them.
+# --with-clients      also install transformers and accelerate (requirements/clients.txt), the libraries
+#                     verify's hf_trainer check runs, with the venv's PyTorch held at its version.
+# Never prompts; sudo only for --with-system-deps and only without a password (sudo -n); safe to re-run.
+# At the end it names what is still missing and the one command that adds it.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$repo/.venv"
 with_torch=""
+with_system_deps=""
+with_clients=""
 passthrough=()
+command_line=("$0" "$@")  # for the closing summary's "run this again with ..."
 
-usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p;}' "${BASH_SOURCE[0]}"; }  # the comment block above
 
 while (($#)); do
   case "$1" in
@@ -30,6 +41,8 @@ while (($#)); do
     --venv=*) venv=${1#--venv=}; shift ;;
     --with-torch) [[ $# -ge 2 ]] || { echo "error: --with-torch needs a kind (cpu)" >&2; exit 2; }; with_torch=$2; shift 2 ;;
     --with-torch=*) with_torch=${1#--with-torch=}; shift ;;
+    --with-system-deps) with_system_deps=1; shift ;;
+    --with-clients) with_clients=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; passthrough+=("$@"); break ;;
     *) passthrough+=("$1"); shift ;;
@@ -43,6 +56,87 @@ case "$with_torch" in
      exit 2 ;;
 esac
 
+# --- system packages: a C++ compiler, Python headers, ninja, libaio headers, in that order per manager ---
+package_manager() {
+  local m
+  for m in apt-get dnf zypper; do command -v "$m" >/dev/null && { echo "$m"; return; }; done
+  return 0
+}
+system_packages() {
+  case $1 in
+    apt-get) echo build-essential python3-dev ninja-build libaio-dev ;;
+    dnf) echo gcc-c++ python3-devel ninja-build libaio-devel ;;
+    zypper) echo gcc-c++ python3-devel ninja libaio-devel ;;
+  esac
+}
+# What each package (same order) is for, as the closing summary names it.
+PACKAGE_ROLES=("a C++ compiler for the build" "Python headers for the build" "ninja for parallel op builds"
+               "libaio headers for async_io and verify's nvme_offload")
+package_installed() {  # MANAGER PACKAGE
+  if [[ $1 == apt-get ]]; then
+    [[ $(dpkg-query -W -f='${Status}' "$2" 2>/dev/null) == "install ok installed" ]]
+  else
+    rpm -q "$2" >/dev/null 2>&1
+  fi
+}
+missing_packages() {  # MANAGER: the missing ones, one a line
+  local p
+  for p in $(system_packages "$1"); do package_installed "$1" "$p" || echo "$p"; done
+}
+install_argv() {  # MANAGER PACKAGES...: the install command, without the root prefix
+  local manager=$1; shift
+  case $manager in
+    apt-get) echo "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $*" ;;
+    dnf) echo "dnf install -y $*" ;;
+    zypper) echo "zypper --non-interactive install $*" ;;
+  esac
+}
+# The command a user without root runs by hand, as one line.
+manual_command() {  # MANAGER PACKAGES...
+  local manager=$1; shift
+  if [[ $manager == apt-get ]]; then echo "sudo apt-get update && sudo apt-get install -y $*"
+  else echo "sudo $(install_argv "$manager" "$@")"; fi
+}
+
+install_system_deps() {
+  local manager missing as_root=()
+  manager=$(package_manager)
+  if [[ -z $manager ]]; then
+    echo "==> --with-system-deps: no apt-get, dnf or zypper here; install a C++ compiler, the Python headers," \
+         "ninja and the libaio headers with this system's package manager" >&2
+    return 0
+  fi
+  mapfile -t missing < <(missing_packages "$manager")
+  if ((${#missing[@]} == 0)); then
+    echo "==> system packages: all there ($(system_packages "$manager"))" >&2
+    return 0
+  fi
+  if [[ $(id -u) -eq 0 ]]; then
+    as_root=()
+  elif sudo -n true 2>/dev/null; then
+    as_root=(sudo -n)
+  else
+    echo "==> not done: installing system packages ${missing[*]} needs root, and sudo asks for a password" >&2
+    echo "    run: $(manual_command "$manager" "${missing[@]}")" >&2
+    echo "    then run this command again; going on without them" >&2
+    return 0
+  fi
+  echo "==> installing system packages with $manager: ${missing[*]}" >&2
+  local argv
+  read -r -a argv <<<"$(install_argv "$manager" "${missing[@]}")"
+  if [[ $manager == apt-get ]]; then
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || {
+      echo "error: apt-get update failed" >&2; echo "hint: check the package sources, then run this command again" >&2
+      exit 3; }
+  fi
+  "${as_root[@]}" "${argv[@]}" >&2 || {
+    echo "error: $manager could not install ${missing[*]}" >&2
+    echo "hint: run \`$(manual_command "$manager" "${missing[@]}")\` to see why, then this command again" >&2
+    exit 3; }
+}
+
+[[ -n $with_system_deps ]] && install_system_deps
+
 python=${PYTHON:-python3}
 command -v "$python" >/dev/null || { echo "error: $python not found" >&2; echo "hint: install Python >= 3.10" >&2; exit 3; }
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
@@ -54,8 +148,11 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 
 # The PyTorch the venv sees already (its own or the system's): "rocm 2.5.1+rocm6.2", "cpu 2.13.0+cpu" or "".
-existing_torch=$("$venv/bin/python" -c 'import torch
-print("rocm" if torch.version.hip else "cuda" if torch.version.cuda else "cpu", torch.__version__)' 2>/dev/null || true)
+probe_torch() {
+  "$venv/bin/python" -c 'import torch
+print("rocm" if torch.version.hip else "cuda" if torch.version.cuda else "cpu", torch.__version__)' 2>/dev/null || true
+}
+existing_torch=$(probe_torch)
 if [[ $with_torch == cpu && -n $existing_torch && $existing_torch != cpu* ]]; then
   # Checked before anything is installed: a CPU torch in the venv would shadow the GPU one.
   echo "error: the venv already sees a ${existing_torch%% *} PyTorch (${existing_torch#* }); --with-torch cpu would shadow it with a CPU build" >&2
@@ -77,5 +174,77 @@ if [[ $with_torch == cpu ]]; then
   fi
 fi
 
+clients_installed() {
+  "$venv/bin/python" -c 'import importlib.util as u, sys
+sys.exit(not all(u.find_spec(n) for n in ("transformers", "accelerate")))' 2>/dev/null
+}
+
+install_clients() {
+  local torch_version constraints
+  if clients_installed; then
+    echo "==> transformers and accelerate are already installed" >&2
+    return 0
+  fi
+  torch_version=$(probe_torch)
+  torch_version=${torch_version#* }
+  if [[ -z $torch_version ]]; then
+    # accelerate depends on torch: without one to hold, pip would fetch a multi-GB CUDA build.
+    echo "==> not done: transformers and accelerate need the venv's PyTorch first (it is held at its version)" >&2
+    return 0
+  fi
+  constraints=$(mktemp)
+  echo "torch==$torch_version" >"$constraints"
+  echo "==> installing transformers and accelerate (requirements/clients.txt), torch held at $torch_version" >&2
+  if ! "$venv/bin/python" -m pip install --quiet -r "$repo/requirements/clients.txt" -c "$constraints"; then
+    rm -f "$constraints"
+    echo "error: pip could not install transformers and accelerate with torch==$torch_version held" >&2
+    echo "hint: pip's message above says which requirement conflicts; torch was left as it was" >&2
+    exit 7
+  fi
+  rm -f "$constraints"
+}
+
+[[ -n $with_clients ]] && install_clients
+
+# The closing summary: what is still missing that this script can add, each with the one command that adds it.
+rerun() {  # OPTIONS...: this command again with OPTIONS added (before any `--`)
+  printf '%q ' "${command_line[0]}" "$@" "${command_line[@]:1}"
+}
+summary() {
+  local manager missing=() roles="" i p packages=() fix nothing=1
+  manager=$(package_manager)
+  if [[ -n $manager ]]; then
+    read -r -a packages <<<"$(system_packages "$manager")"
+    for i in "${!packages[@]}"; do
+      p=${packages[$i]}
+      package_installed "$manager" "$p" || { missing+=("$p"); roles+="${roles:+, }${PACKAGE_ROLES[$i]}"; }
+    done
+  fi
+  if ((${#missing[@]})); then
+    nothing=""
+    if [[ -z $with_system_deps ]] && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
+      fix=$(rerun --with-system-deps)
+    else
+      fix="$(manual_command "$manager" "${missing[@]}") && $(rerun)"
+    fi
+    echo "==> left out: $roles (system package(s) ${missing[*]}); add with: ${fix% }" >&2
+  fi
+  if ! clients_installed; then
+    nothing=""
+    if [[ -n $(probe_torch) ]]; then
+      # An install that is already up to date runs no verify: --force reinstalls from the cache and verifies.
+      echo "==> left out: verify's hf_trainer (no transformers, accelerate); add with: $(rerun --with-clients)--force" >&2
+    fi
+  fi
+  if [[ -n $nothing ]]; then
+    echo "==> nothing left out that this script can add: the system packages and verify's clients are installed" >&2
+  fi
+}
+
 # Without torch, `install` stops with the exact PyTorch index for the detected ROCm (exit 3).
-exec "$venv/bin/mlstack-ds" install --python "$venv/bin/python" "${passthrough[@]}"
+set +e
+"$venv/bin/mlstack-ds" install --python "$venv/bin/python" "${passthrough[@]}"
+rc=$?
+set -e
+summary
+exit "$rc"

@@ -25,7 +25,9 @@ HIPCC_FIX = ("install the ROCm development packages (hipcc, rocm-dev)",
 PYTHON_HEADERS_FIX = ("apt-get install python3-dev   # or python3.X-dev / python3-devel for the target interpreter",)
 CXX_FIX = ("apt-get install build-essential   # or: dnf install gcc-c++",
            "or point CXX at the C++ compiler to use")
-LIBAIO_FIX = ("apt-get install libaio-dev   # or: dnf/yum install libaio-devel",)
+LIBAIO_FIX = ("apt-get install libaio-dev   # or: dnf/yum/zypper install libaio-devel",
+              "mlstack-ds install   # again, to build async_io; "
+              "scripts/install_deepspeed.sh --with-system-deps does both")
 
 
 def hint_from(fix: tuple[str, ...]) -> str:

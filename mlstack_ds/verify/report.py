@@ -162,7 +162,9 @@ def _node_checks(node: Mapping[str, Any]) -> Text:
 
 def _caption(report: VerifyReport) -> str:
     counts = report.counts()
-    return (f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in "
+    skipped = [c.name for c in report.checks if c.status == "skip"]
+    return (f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"
+            f"{' (' + ', '.join(skipped) + ': each says why)' if skipped else ''} in "
             f"{report.duration_s:.1f} s over {len(report.launches)} launch(es); peak memory is the "
             "accelerator's (n/a on CPU)")
 

@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import math
 import os
+import sys
 import time
 
 from .context import accelerator, finite
@@ -46,8 +47,15 @@ HF_LOSS_RTOL, HF_LOSS_ATOL = 1e-4, 1e-6
 # gradients that are zero in exact arithmetic (the attention's key bias) into lr-sized steps on
 # those few elements, while a real error moves the whole model (relative distance ~1).
 HF_PARAM_RTOL = 1e-3  # measured here: ~1.7e-5
-MISSING = ("transformers is not installed in the target: pip install transformers accelerate "
-           "(with torch held: -c constraints)")
+MISSING = "transformers is not installed in the target"
+
+
+def missing_reason(torch, exc):
+    """The skip's reason with the one command that adds the check: torch named at its installed version
+    keeps pip from replacing it (accelerate depends on torch; an unpinned one is a multi-GB CUDA build)."""
+    return (f"{MISSING} ({type(exc).__name__}: {exc}); add it with: {sys.executable} -m pip install "
+            f"transformers accelerate torch=={torch.__version__} (torch named so pip keeps it; "
+            "scripts/install_deepspeed.sh --with-clients does the same)")
 
 
 def hf_ds_config(stage):
@@ -140,7 +148,7 @@ def import_hf(torch):
         names = {n: getattr(transformers, n) for n in ("Trainer", "TrainingArguments", "GPT2Config",
                                                          "GPT2LMHeadModel")}
     except ImportError as exc:
-        raise SkipCheck(f"{MISSING} ({type(exc).__name__}: {exc})") from None
+        raise SkipCheck(missing_reason(torch, exc)) from None
     return {"torch": torch, "version": transformers.__version__, "logging": transformers.utils.logging,
             "AcceleratorState": AcceleratorState, "GradientState": GradientState,
             "unset_hf_deepspeed_config": unset_hf_deepspeed_config, **names,

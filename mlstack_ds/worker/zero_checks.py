@@ -192,7 +192,9 @@ def check_nvme_offload(ctx):
     names, source = expected_ops(ctx)
     if "async_io" not in names:  # does not apply, whatever else is wrong (as hf_trainer without transformers)
         raise SkipCheck(f"async_io is not prebuilt (no libaio headers at build time?): DeepSpeed would "
-                        f"JIT-compile it at the first initialize ({source})")
+                        f"JIT-compile it at the first initialize ({source}); add it with: apt-get install "
+                        "libaio-dev (dnf, zypper: libaio-devel), then mlstack-ds install again "
+                        "(scripts/install_deepspeed.sh --with-system-deps does both)")
     ctx.need_dist()
     nvme_path = ctx.out_dir / f"nvme-rank{ctx.rank}"
     shutil.rmtree(nvme_path, ignore_errors=True)

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
-from support.cli import run_wrapper
-from support.target_env import bare_venv
+from support.cli import WRAPPER, CliResult, run_wrapper
+from support.fakepkg import FakePackageHost
+from support.pins import CLIENT_PACKAGES, TORCH_VERSION
+from support.target_env import bare_venv, overlay_venv
 
 
 @pytest.mark.slow
 def test_fresh_venv_without_torch_stops_with_the_fix(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    first = run_wrapper("--venv", str(venv), "--", "--dry-run")
+    first = run_wrapper("--venv", str(venv), "--with-clients", "--", "--dry-run")
     assert first.returncode == 3, first.stderr[-2000:]
     assert "PyTorch is not installed" in first.stderr and "--with-torch cpu" in first.stderr
+    # no torch to hold: accelerate would pull an unpinned (CUDA) torch, so nothing of it is installed
+    assert "not done: transformers and accelerate need the venv's PyTorch first" in first.stderr
+    assert not list(venv.glob("lib/python3*/site-packages/torch*"))
+    assert not list(venv.glob("lib/python3*/site-packages/accelerate*"))
     assert "Traceback" not in first.stderr
     assert (venv / "bin" / "mlstack-ds").exists()  # the tool itself is installed
     assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
@@ -43,3 +51,115 @@ def test_with_torch_cpu_refuses_to_shadow_a_rocm_torch(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr[-2000:]
     assert "already sees a rocm PyTorch (2.5.1+rocm6.2)" in result.stderr and "hint:" in result.stderr
     assert not (venv / "bin" / "mlstack-ds").exists()  # nothing was installed
+
+
+APT = ("build-essential", "python3-dev", "ninja-build", "libaio-dev")
+DNF = ("gcc-c++", "python3-devel", "ninja-build", "libaio-devel")
+ZYPPER = ("gcc-c++", "python3-devel", "ninja", "libaio-devel")
+
+
+def run_on_host(host: FakePackageHost, *args: str) -> CliResult:
+    """The wrapper on a fake host whose PATH has no Python: it does the system packages, then stops (exit 3)
+    where it first needs Python, before any venv."""
+    result = run_wrapper(*args, env={**host.env(), "PYTHON": "python3"}, timeout=120)
+    assert result.returncode == 3 and "error: python3 not found" in result.stderr, result.stderr[-2000:]
+    return result
+
+
+PACKAGES = {"apt-get": APT, "dnf": DNF, "zypper": ZYPPER}
+
+
+@pytest.mark.parametrize(("host", "expected"), [
+    # root on Debian, libaio headers missing: apt-get update, then only what is missing
+    ({"manager": "apt-get", "installed": APT[:3]},
+     [["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "libaio-dev"]]),
+    # a user with passwordless sudo on Fedora, nothing there yet
+    ({"manager": "dnf", "uid": 1000, "sudo": True},
+     [["sudo", "-n", "true"], ["sudo", "-n", "dnf", "install", "-y", *DNF], ["dnf", "install", "-y", *DNF]]),
+    # root on openSUSE, Python headers missing
+    ({"manager": "zypper", "installed": ("gcc-c++", "ninja", "libaio-devel")},
+     [["zypper", "--non-interactive", "install", "python3-devel"]]),
+])
+def test_with_system_deps_installs_what_is_missing(tmp_path: Path, host: dict, expected: list[list[str]]) -> None:
+    fake = FakePackageHost(tmp_path, **host)
+    names = PACKAGES[fake.manager]
+    result = run_on_host(fake, "--with-system-deps")
+    missing = [n for n in names if n not in fake.installed]
+    assert f"installing system packages with {fake.manager}: {' '.join(missing)}" in result.stderr
+    assert fake.calls(fake.manager, "sudo") == expected
+    queried = [argv[-1] for argv in fake.calls("dpkg-query" if fake.manager == "apt-get" else "rpm")]
+    assert queried == list(names)  # every package asked about, by the manager's own query tool
+    assert set(fake.now_installed()) == set(names)
+
+
+def test_with_system_deps_without_root_prints_the_command(tmp_path: Path) -> None:
+    """Not root and sudo wants a password: nothing is installed; the exact command is printed, and what
+    could not be done; the run goes on."""
+    host = FakePackageHost(tmp_path, "apt-get", APT[:3], uid=1000, sudo=False)
+    result = run_on_host(host, "--with-system-deps")
+    assert host.calls("apt-get") == [] and host.now_installed() == list(APT[:3])
+    assert "not done: installing system packages libaio-dev needs root, and sudo asks for a password" in result.stderr
+    assert "run: sudo apt-get update && sudo apt-get install -y libaio-dev" in result.stderr
+
+
+def test_with_system_deps_when_all_are_there_installs_nothing(tmp_path: Path) -> None:
+    host = FakePackageHost(tmp_path, "apt-get", APT)
+    result = run_on_host(host, "--with-system-deps")
+    assert host.calls("apt-get", "sudo") == [] and "system packages: all there" in result.stderr
+
+
+def test_without_the_option_no_package_manager_runs(tmp_path: Path) -> None:
+    host = FakePackageHost(tmp_path, "apt-get", ())
+    run_on_host(host)
+    assert host.calls() == []
+
+
+def test_help_documents_the_opt_ins() -> None:
+    result = run_wrapper("--help")
+    assert result.returncode == 0
+    for option in ("--with-torch cpu", "--with-system-deps", "--with-clients", "--venv DIR"):
+        assert f"\n{option}" in result.stdout, result.stdout
+
+
+# Each package's version and where it is imported from, as the venv sees them.
+PROBE_CLIENTS = ("import importlib, importlib.metadata as m, json; print(json.dumps({n: (m.version(n), "
+                 "importlib.import_module(n).__file__) for n in ('torch', 'transformers', 'accelerate')}))")
+
+
+def test_summary_names_what_is_left_out_and_with_clients_installs_them_with_torch_held(
+        tmp_path: Path, torch_only_python: Path) -> None:
+    """Real pip, real package index: transformers and accelerate go into a scratch venv that sees the test
+    venv's torch 2.13.0 (support/target_env.py: overlay_venv); torch is held, not upgraded or copied in.
+    The host is a fake Debian without libaio-dev. A dry-run install ends each run (nothing is built)."""
+    venv = overlay_venv(tmp_path / "venv", torch_only_python)
+    root_host = FakePackageHost(tmp_path / "root-host", "apt-get", APT[:3], uid=0)
+    first = run_wrapper("--venv", venv, "--", "--dry-run", timeout=1800, env=root_host.env(real_path=True))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert root_host.calls("apt-get") == []  # not asked to
+    wrapper = str(WRAPPER)
+    lines = first.stderr.splitlines()
+    assert lines[-2:] == [
+        "==> left out: libaio headers for async_io and verify's nvme_offload (system package(s) libaio-dev); "
+        f"add with: {wrapper} --with-system-deps --venv {venv} -- --dry-run",
+        "==> left out: verify's hf_trainer (no transformers, accelerate); "
+        f"add with: {wrapper} --with-clients --venv {venv} -- --dry-run --force"], first.stderr[-3000:]
+
+    user_host = FakePackageHost(tmp_path / "user-host", "apt-get", APT[:3], uid=1000, sudo=False)
+    result = run_wrapper("--venv", venv, "--with-system-deps", "--with-clients", "--", "--dry-run", timeout=1800,
+                         env=user_host.env(real_path=True))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert user_host.calls("apt-get") == [] and "not done: installing system packages libaio-dev" in result.stderr
+    assert f"torch held at {TORCH_VERSION}+cpu" in result.stderr
+    (site,) = venv.glob("lib/python3*/site-packages")
+    assert not list(site.glob("torch*")), "torch was installed into the venv instead of held"
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE_CLIENTS], capture_output=True, text=True,
+                           timeout=300, check=False)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    found = json.loads(probe.stdout)
+    assert {f"{name}=={found[name][0]}" for name in ("transformers", "accelerate")} == set(CLIENT_PACKAGES)
+    assert all(found[name][1].startswith(str(site)) for name in ("transformers", "accelerate")), found
+    assert found["torch"][0] == f"{TORCH_VERSION}+cpu" and not found["torch"][1].startswith(str(venv)), found
+    assert result.stderr.splitlines()[-1] == (  # clients are in; libaio-dev needs root: the command, then again
+        "==> left out: libaio headers for async_io and verify's nvme_offload (system package(s) libaio-dev); "
+        "add with: sudo apt-get update && sudo apt-get install -y libaio-dev && "
+        f"{wrapper} --venv {venv} --with-system-deps --with-clients -- --dry-run")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -101,6 +102,15 @@ def run_wrapper(*args: PathLike, timeout: float = 1200, env: Mapping[str, str] |
     done = subprocess.run(["bash", str(WRAPPER), *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env=cli_env(env, columns=200), check=False)
     return CliResult(done.args, done.returncode, done.stdout, done.stderr)
+
+def readme_main_command() -> list[str]:
+    """The arguments of the README's main command (its one `scripts/install_deepspeed.sh ...` line in the
+    "Set-up on a fresh machine" section), so the test of that command runs what the README says."""
+    readme = (WRAPPER.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Set-up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    (line,) = [line for line in section.splitlines() if line.startswith("scripts/install_deepspeed.sh")]
+    return shlex.split(line)[1:]
+
 
 def cli_commands() -> dict[str, Any]:
     """Every leaf command of the app by its path (`patches list`), as click sees it: for tests that read the

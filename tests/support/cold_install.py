@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .cli import CliResult, start_cli
 from .e2e import Target
-from .target_env import CLIENT_PACKAGES, TORCH_PIN, make_venv
+from .pins import CLIENT_PACKAGES, TORCH_PIN
+from .target_env import make_venv
 
 INSTALLED_TARGET_FIXTURE = "installed_target"
 INSTALLED_NEXT_TARGET_FIXTURE = "installed_next_target"

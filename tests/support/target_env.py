@@ -32,9 +32,6 @@ DS_SDIST_SHA256 = "8dc5d32604a3c7a713b3d14de482533bd328ffebe716cdafcc3511953fc90
 # The second pin (recipes/deepspeed-0.19.8.toml): patch and refresh tests use its sdist.
 DS_NEXT_VERSION = "0.19.8"
 DS_NEXT_SDIST_SHA256 = "9e491abd0827ea5c389dd702e15e11e13d83d904bac4a20d6c2a4cb37207a9af"
-# What verify's hf_trainer check runs on top of DeepSpeed, at the versions the research note measured
-# (installed in the same pip call as TORCH_PIN, so torch stays at its pin).
-CLIENT_PACKAGES = ("transformers==5.23.0", "accelerate==1.15.0")
 CPU_OPS_FLAGS: Mapping[str, str] = {
     "DS_ACCELERATOR": "cpu",
     "DS_BUILD_OPS": "0",
@@ -125,6 +122,18 @@ def bare_venv(path: Path, base_python: str | Path = sys.executable) -> Path:
     """A new venv at `path` with nothing installed, not even pip (`base_python`'s standard library only);
     returns `path`. The `bare_python` fixture is one, shared; tests that change theirs make their own."""
     subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    return path
+
+
+def overlay_venv(path: Path, base_python: str | Path = sys.executable) -> Path:
+    """A new venv at `path` (with pip) that also sees `base_python`'s site-packages, after its own, through
+    a .pth line: pip there counts the base's packages (the test venv's pinned torch) as installed, so a test
+    can install on top of them into a scratch venv in seconds, leaving the base unchanged. Returns `path`."""
+    base_site = subprocess.run([str(base_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    _run([sys.executable, "-m", "venv", str(path)])
+    (site,) = path.glob("lib/python3*/site-packages")
+    (site / "zz-overlay-base.pth").write_text(base_site + "\n")
     return path
 
 

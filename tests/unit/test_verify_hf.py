@@ -61,8 +61,11 @@ def test_without_transformers_the_check_skips_with_the_install_hint(monkeypatch:
     monkeypatch.setitem(sys.modules, "transformers", None)  # what an absent package looks like to import
     with hf_checks.restored_environ(), pytest.raises(SkipCheck) as info:  # import_hf sets the offline variables
         hf_checks.import_hf(torch)
-    assert str(info.value).startswith("transformers is not installed in the target: pip install transformers "
-                                      "accelerate (with torch held: -c constraints)")
+    reason = str(info.value)
+    assert reason.startswith(hf_checks.MISSING)
+    # the one command that adds it, with torch held at the version installed
+    assert f"{sys.executable} -m pip install transformers accelerate torch=={torch.__version__} " in reason
+    assert "--with-clients" in reason
 
 
 def test_hf_trainer_runs_after_the_zero_checks_and_says_what_it_needs() -> None:

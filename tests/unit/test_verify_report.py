@@ -77,3 +77,9 @@ def test_table_shows_every_check_and_the_failure_reason() -> None:
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "c0" in text and "c1" in text and "FAIL" in text and "why" in text
     assert "1 passed, 1 failed" in text
+
+
+def test_caption_names_the_skipped_checks() -> None:
+    console = Console(file=io.StringIO(), width=200)
+    render_report(make_report("pass", "skip", "skip"), console)
+    assert "1 passed, 0 failed, 2 skipped (c1, c2: each says why)" in console.file.getvalue()  # type: ignore[attr-defined]
