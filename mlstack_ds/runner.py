@@ -64,15 +64,17 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     input_text: str | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> RunResult:
     """Run `argv` to completion, capturing text output; raise ToolMissing/ToolTimedOut/ToolError.
 
-    A non-zero exit is *not* an exception: callers decide what it means.
+    A non-zero exit is *not* an exception: callers decide what it means. `pass_fds`: descriptors the
+    child keeps (an install lock, held as long as the pip holding it runs).
     """
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
     proc = _start(args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, pass_fds=pass_fds)
     try:
         stdout, stderr = proc.communicate(input=input_text, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -160,7 +162,7 @@ def run_in_background(
 
 
 def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: Mapping[str, str] | None,
-           cwd: Path | None, line_buffered: bool = False) -> subprocess.Popen[str]:
+           cwd: Path | None, line_buffered: bool = False, pass_fds: Sequence[int] = ()) -> subprocess.Popen[str]:
     """Popen in a new session (so the whole group can be killed); start failures become ToolErrors.
 
     Ctrl-C (or SIGTERM) can land between the fork and Popen's return, while it waits for the exec:
@@ -172,6 +174,7 @@ def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: 
         proc.__init__(  # type: ignore[misc]
             args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
             cwd=cwd, text=True, errors="replace", start_new_session=True, bufsize=1 if line_buffered else -1,
+            pass_fds=tuple(pass_fds),
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
