@@ -209,6 +209,37 @@ def session_members(session: int, proc_root: Path = Path("/proc")) -> list[int]:
     return members
 
 
+def kill_child_sessions(parent: int | None = None, proc_root: Path = Path("/proc")) -> list[int]:
+    """SIGKILL everything the runner started for this process that is still running: each child that
+    leads its own session (every `_start` does), with its whole session. Returns the children killed.
+
+    For Ctrl-C while other threads wait on commands (the fan-out over nodes): the interrupt reaches only
+    the main thread, and the interpreter waits for the others at exit, so their commands must end now.
+    """
+    parent = os.getpid() if parent is None else parent
+    killed = []
+    with contextlib.suppress(OSError):
+        for entry in proc_root.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+                fields = stat[stat.rindex(")") + 2:].split()
+                ppid, session = int(fields[1]), int(fields[3])
+            except (OSError, ValueError, IndexError):
+                continue
+            pid = int(entry.name)
+            if ppid != parent or session != pid:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            for member in session_members(pid, proc_root):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(member, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
 def _timed_out(args: tuple[str, ...], timeout: float) -> ToolTimedOut:
     return ToolTimedOut(
         f"{Path(args[0]).name} did not finish within {timeout:g} s",
