@@ -39,8 +39,7 @@ from mlstack_ds.install.nodes import run_hostfile_install
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build, run_install
 from mlstack_ds.install.wheel import rollback, uninstall
 from mlstack_ds.installed.health import check_health, probe_installed
-from mlstack_ds.installed.journal import read_journal
-from mlstack_ds.installed.lock import is_locked
+from mlstack_ds.installed.journal import unfinished_change
 from mlstack_ds.installed.receipt import read_receipt, receipt_path
 from mlstack_ds.plan.buildjobs import BuildConcurrency
 from mlstack_ds.plan.buildplan import BuildPlan
@@ -248,18 +247,6 @@ def status_command(python: PythonOption = None, json_output: JsonOption = False)
     if not intact and change is None:
         output.warn("`mlstack-ds install --force` reinstalls what the receipt describes; "
                     "`mlstack-ds rollback` restores the previous DeepSpeed")
-
-
-def unfinished_change(prefix: str, python: str) -> str | None:
-    """A change journal that is still there (installed/journal.py): one running now, or one that was
-    killed and left DeepSpeed half-swapped (imports refused until `install` repairs it)."""
-    journal = read_journal(prefix)
-    if journal is None:
-        return None
-    if is_locked(prefix):
-        return f"{journal.describe()} is changing this environment now"
-    return (f"{journal.describe()} was interrupted before it finished: DeepSpeed may be half-installed and "
-            f"`import deepspeed` is refused until `mlstack-ds install --python {python}` repairs it")
 
 
 def rollback_command(python: PythonOption = None, json_output: JsonOption = False,

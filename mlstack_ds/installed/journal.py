@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mlstack_ds.installed.lock import is_locked
+
 GUARD_NAME = "mlstack-ds-change-in-progress.pth"
 
 
@@ -110,3 +112,15 @@ def _write_atomically(path: Path, text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
+
+
+def unfinished_change(prefix: str | Path, python: str) -> str | None:
+    """A change journal that is still there: one running now, or one that was killed and left DeepSpeed
+    half-swapped (imports refused until `install` repairs it). One wording for `status` and `doctor`."""
+    journal = read_journal(prefix)
+    if journal is None:
+        return None
+    if is_locked(prefix):
+        return f"{journal.describe()} is changing this environment now"
+    return (f"{journal.describe()} was interrupted before it finished: DeepSpeed may be half-installed and "
+            f"`import deepspeed` is refused until `mlstack-ds install --python {python}` repairs it")
