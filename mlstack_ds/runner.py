@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -165,31 +166,60 @@ def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: 
            cwd: Path | None, line_buffered: bool = False, pass_fds: Sequence[int] = ()) -> subprocess.Popen[str]:
     """Popen in a new session (so the whole group can be killed); start failures become ToolErrors.
 
-    Ctrl-C (or SIGTERM) can land between the fork and Popen's return, while it waits for the exec:
-    the child then runs but no Popen object reaches the caller to kill it. The object is therefore
-    made first and initialised here, so such a half-started child's group is killed too.
+    Either the child is returned running, or it is killed and the error (or Ctrl-C) raised: no child is
+    ever left without a Popen object the caller can kill. Ctrl-C or SIGTERM are therefore held while the
+    child starts: CPython runs their handler as `_fork_exec` returns, before Popen has stored the child's
+    pid, so the child ran on unseen (measured: 29 of 40 signals sent by a starting child landed there).
     """
-    proc: subprocess.Popen[str] = subprocess.Popen.__new__(subprocess.Popen)
+    with _interrupts_held() as held:
+        proc: subprocess.Popen[str] = subprocess.Popen.__new__(subprocess.Popen)
+        try:
+            proc.__init__(  # type: ignore[misc]
+                args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
+                cwd=cwd, text=True, errors="replace", start_new_session=True, bufsize=1 if line_buffered else -1,
+                pass_fds=tuple(pass_fds),
+            )
+        except FileNotFoundError as exc:
+            raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
+        except OSError as exc:
+            raise ToolError(f"{args[0]}: cannot start ({exc.strerror or exc})") from exc
+        except BaseException:
+            _kill_unreturned(getattr(proc, "pid", None))
+            raise
+        if held:  # the caller is being stopped: it never gets this child, so the child goes now
+            _kill_unreturned(proc.pid)
+    return proc  # a held signal was raised on leaving the block, after the kill
+
+
+def _kill_unreturned(pid: int | None) -> None:
+    if not pid:
+        return
+    for kill in (os.killpg, os.kill):  # its group, and itself if it has not made the group yet
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[list[tuple[int, Any]]]:
+    """SIGINT and SIGTERM recorded instead of handled for the block, then handled on leaving it (which
+    raises KeyboardInterrupt). Only the main thread runs Python signal handlers; elsewhere nothing is held."""
+    held: list[tuple[int, Any]] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    recorded = {sig: handler for sig, handler in previous.items() if callable(handler)}
+    for sig in recorded:
+        signal.signal(sig, lambda signum, frame: held.append((signum, frame)))
     try:
-        proc.__init__(  # type: ignore[misc]
-            args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
-            cwd=cwd, text=True, errors="replace", start_new_session=True, bufsize=1 if line_buffered else -1,
-            pass_fds=tuple(pass_fds),
-        )
-    except FileNotFoundError as exc:
-        raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
-    except OSError as exc:
-        raise ToolError(f"{args[0]}: cannot start ({exc.strerror or exc})") from exc
-    except BaseException:
-        pid = getattr(proc, "pid", None)
-        if pid:
-            for kill in (os.killpg, os.kill):  # its group, and itself if it has not made the group yet
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        raise
-    return proc
+        yield held
+    finally:
+        for sig, handler in recorded.items():
+            signal.signal(sig, handler)
+        for signum, frame in held[:1]:  # one stop is enough; the handler raises
+            recorded[signum](signum, frame)
 
 
 def session_members(session: int, proc_root: Path = Path("/proc")) -> list[int]:
