@@ -222,9 +222,8 @@ def _interrupts_held() -> Iterator[list[tuple[int, Any]]]:
             recorded[signum](signum, frame)
 
 
-def session_members(session: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """Processes whose session id is `session` (field 6 of /proc/<pid>/stat); none where /proc is absent."""
-    members = []
+def _processes(proc_root: Path) -> Iterator[tuple[int, int, int]]:
+    """(pid, parent pid, session id) of every process in /proc/<pid>/stat; nothing where /proc is absent."""
     with contextlib.suppress(OSError):
         for entry in proc_root.iterdir():
             if not entry.name.isdigit():
@@ -232,11 +231,14 @@ def session_members(session: int, proc_root: Path = Path("/proc")) -> list[int]:
             try:
                 stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
                 fields = stat[stat.rindex(")") + 2:].split()  # after "(comm)", which may hold spaces
-                if int(fields[3]) == session:
-                    members.append(int(entry.name))
+                yield int(entry.name), int(fields[1]), int(fields[3])
             except (OSError, ValueError, IndexError):
                 continue
-    return members
+
+
+def session_members(session: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """Processes whose session id is `session`."""
+    return [pid for pid, _ppid, sid in _processes(proc_root) if sid == session]
 
 
 def kill_child_sessions(parent: int | None = None, proc_root: Path = Path("/proc")) -> list[int]:
@@ -247,27 +249,14 @@ def kill_child_sessions(parent: int | None = None, proc_root: Path = Path("/proc
     the main thread, and the interpreter waits for the others at exit, so their commands must end now.
     """
     parent = os.getpid() if parent is None else parent
-    killed = []
-    with contextlib.suppress(OSError):
-        for entry in proc_root.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
-                fields = stat[stat.rindex(")") + 2:].split()
-                ppid, session = int(fields[1]), int(fields[3])
-            except (OSError, ValueError, IndexError):
-                continue
-            pid = int(entry.name)
-            if ppid != parent or session != pid:
-                continue
+    leaders = [pid for pid, ppid, sid in _processes(proc_root) if ppid == parent and sid == pid]
+    for leader in leaders:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
+        for member in session_members(leader, proc_root):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            for member in session_members(pid, proc_root):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(member, signal.SIGKILL)
-            killed.append(pid)
-    return killed
+                os.kill(member, signal.SIGKILL)
+    return leaders
 
 
 def _timed_out(args: tuple[str, ...], timeout: float) -> ToolTimedOut:

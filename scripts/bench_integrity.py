@@ -22,27 +22,13 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-import _repo  # noqa: F401  (puts the repository on sys.path)
+import _repo  # noqa: F401  (the repository and the tests' support package on sys.path)
 from benchdoc import replace_section
+from support.installs import synthetic_install
 
-from mlstack_ds.installed.integrity import check_files, record_digest
+from mlstack_ds.installed.integrity import check_files
 
 HEADING = "## status: the integrity check"
-
-
-def synthetic_install(root: Path) -> Path:
-    """1,500 files and 30 MB: DeepSpeed's size with its op libraries. Returns its RECORD."""
-    rows = []
-    for index in range(1500):
-        data = (b"x = %d\n" % index) * 200 if index % 100 else os.urandom(2 * 2**20)
-        path = root / "big" / f"m{index}.py"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(data)
-        rows.append(f"big/m{index}.py,sha256={record_digest(data)},{len(data)}")
-    record = root / "big-1.0.dist-info" / "RECORD"
-    record.parent.mkdir()
-    record.write_text("\n".join(rows) + "\n")
-    return record
 
 
 def installed_record(python: str) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_cli
+from support.installs import synthetic_install
 from support.target_env import bare_venv
 
 from mlstack_ds.install.repack import repack_installed
@@ -145,16 +146,7 @@ def test_checking_a_large_install_reads_every_file(venv: Path, tmp_path: Path) -
     """1,500 files and 30 MB, about DeepSpeed's size with its op libraries; one changed byte in the largest
     is found. How long it takes is measured by `scripts/bench.py integrity` (docs/benchmarks.md)."""
     site = next(venv.glob("lib/python*/site-packages"))
-    rows = []
-    for index in range(1500):
-        data = (b"x = %d\n" % index) * 200 if index % 100 else os.urandom(2 * 2**20)
-        path = site / "big" / f"m{index}.py"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(data)
-        rows.append(f"big/m{index}.py,sha256={record_digest(data)},{len(data)}")
-    record = site / "big-1.0.dist-info" / "RECORD"
-    record.parent.mkdir()
-    record.write_text("\n".join(rows) + "\n")
+    record = synthetic_install(site)
     check = check_files(record)
     assert check.ok and check.checked == 1500
     largest = site / "big" / "m0.py"
