@@ -106,6 +106,17 @@ DoctorHostfileOption = _hostfile(
     "hostname and interfaces) and what differs between them, instead of this machine.")
 
 
+def _slurm(does: str) -> Any:
+    return Annotated[bool, typer.Option(
+        "--slurm",
+        help=f"Multi-node inside a Slurm allocation (`salloc`, an `sbatch` script): {does} The nodes and ranks "
+        "come from the allocation (SLURM_JOB_NODELIST, --ntasks-per-node or --gpus-per-node, else the GPUs "
+        "here, else 1 per node); no hostfile, ssh or pdsh. See docs/multinode.md.")]
+
+
+VerifySlurmOption = _slurm("run the suite on every allocated node, one srun task per rank.")
+
+
 def _world_size(kind: type, metavar: str | None, what: str) -> Any:
     return Annotated[kind | None, typer.Option(
         "--world-size", metavar=metavar, help=f"Ranks to launch{what} (default: the GPU count; 2 on CPU).")]

@@ -11,6 +11,7 @@ from mlstack_ds.cli.options import (
     PythonOption,
     VerifyConfigOption,
     VerifyHostfileOption,
+    VerifySlurmOption,
     VerifyTimeoutOption,
     WorldSizeOption,
 )
@@ -42,12 +43,14 @@ def register(app: typer.Typer) -> None:
         isolate: Annotated[bool, typer.Option("--isolate", help="One launch per check (slower; for triage).")]
         = False,
         config: VerifyConfigOption = None,
+        slurm: VerifySlurmOption = False,
     ) -> None:
         output = make_output(json_output)
         ds_config = load_checked_config(config, python) if config is not None else None
         report = run_verify(
             VerifyOptions(python=python, world_size=world_size, only=only, skip=skip, timeout_s=timeout,
-                          hostfile=hostfile, isolate=isolate, ds_config=ds_config),
+                          hostfile=hostfile, isolate=isolate, ds_config=ds_config,
+                          slurm=slurm),
             status=output.status,
         )
         failure = None
