@@ -115,6 +115,9 @@ def _slurm(does: str) -> Any:
 
 
 VerifySlurmOption = _slurm("run the suite on every allocated node, one srun task per rank.")
+DoctorSlurmOption = _slurm(
+    "check every allocated node at once (one srun task per node: the same facts and differences as "
+    "--hostfile) and Slurm's own pitfalls (double GPU masking, one CPU per task, the rendezvous host and port).")
 
 
 def _world_size(kind: type, metavar: str | None, what: str) -> Any:

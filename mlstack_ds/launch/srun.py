@@ -116,10 +116,11 @@ def check_nodes(srun: Path, python: Path, launch_dir: Path, *, allocation: Alloc
 
 
 def run_step(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: str, env: Mapping[str, str],
-             cwd: Path | None = None) -> runner.RunResult:
+             cwd: Path | None = None, input_text: str | None = None) -> runner.RunResult:
     """Run one srun step to completion or time-out; afterwards no task of it is left on any node."""
     try:
-        return runner.run(argv, timeout=timeout_s, env=env, cwd=cwd, terminate_s=TERMINATE_GRACE_S)
+        return runner.run(argv, timeout=timeout_s, env=env, cwd=cwd, terminate_s=TERMINATE_GRACE_S,
+                          input_text=input_text)
     finally:  # also on Ctrl-C/SIGTERM: srun had its SIGTERM; what Slurm still runs of the step is cancelled
         stop_steps(job_id, run_id, env)
 
