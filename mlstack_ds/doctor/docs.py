@@ -61,10 +61,11 @@ def _rule_section(rule: Rule) -> str:
 
 
 def _detected_from(rule: Rule) -> str:
+    slurm_only = rule.id.startswith("MLS-SLURM-")
+    nodes = ("the nodes of a Slurm allocation (`--slurm`)" if slurm_only
+             else "the nodes of a hostfile (`--hostfile`) or a Slurm allocation (`--slurm`)")
     sources = ((["machine state"] if rule.check else []) + (["log (`--log`)"] if rule.log_patterns else [])
-               + (["the nodes of a Slurm allocation (`--slurm`)"] if rule.cluster_check and rule.id.startswith("MLS-SLURM")
-                  else ["the nodes of a hostfile (`--hostfile`) or a Slurm allocation (`--slurm`)"]
-                  if rule.cluster_check else []))
+               + ([nodes] if rule.cluster_check else []))
     return " and ".join(sources)
 
 
