@@ -115,6 +115,8 @@ def _slurm(does: str) -> Any:
 
 
 VerifySlurmOption = _slurm("run the suite on every allocated node, one srun task per rank.")
+BenchSlurmOption = _slurm("run the stages on the allocated nodes, one srun task per rank; --nodes 1,2 "
+                         "measures scaling across them.")
 DoctorSlurmOption = _slurm(
     "check every allocated node at once (one srun task per node: the same facts and differences as "
     "--hostfile) and Slurm's own pitfalls (double GPU masking, one CPU per task, the rendezvous host and port).")
