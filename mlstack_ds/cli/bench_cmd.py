@@ -29,6 +29,7 @@ from mlstack_ds.bench.spec import (
 from mlstack_ds.cli.options import (
     BenchConfigOption,
     BenchHostfileOption,
+    BenchNodesOption,
     BenchSeqLenOption,
     BenchSlurmOption,
     BenchTimeoutOption,
@@ -62,10 +63,7 @@ def register(app: typer.Typer) -> None:
         world_size: WorldSizesOption = None,
         hostfile: BenchHostfileOption = None,
         slurm: BenchSlurmOption = False,
-        nodes: Annotated[str | None, typer.Option(
-            "--nodes", metavar="N[,N...]",
-            help="With --slurm: run on the allocation's first N nodes, each count in turn (1,2: scaling "
-            "efficiency across nodes). Default: every allocated node.")] = None,
+        nodes: BenchNodesOption = None,
         steps: Annotated[int, typer.Option("--steps", help="Timed steps per stage.")] = 10,
         warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps before them.")] = 2,
         micro_batch: MicroBatchOption = 2,

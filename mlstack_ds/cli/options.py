@@ -131,6 +131,16 @@ WorldSizeOption = _world_size(int, None, "")  # verify: one number
 WorldSizesOption = _world_size(str, "N[,N...]", " per run; several (1,2) measure scaling")  # bench: a list
 
 
+def _nodes(kind: type, metavar: str | None, what: str) -> Any:
+    return Annotated[kind, typer.Option("--nodes", metavar=metavar, help=f"Nodes{what}.")]
+
+
+ConfigNodesOption = _nodes(int, None, "")  # config: how many nodes to plan for
+BenchNodesOption = _nodes(
+    str | None, "N[,N...]", " (with --slurm): run on the allocation's first N nodes, each count in turn (1,2: "
+    "scaling efficiency across nodes); default every allocated node")  # bench: a list within the allocation
+
+
 def _timeout(bounds: str) -> Any:
     return Annotated[float, typer.Option("--timeout", help=f"Seconds {bounds}; on expiry its processes are "
                                          "killed.")]
