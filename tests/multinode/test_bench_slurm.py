@@ -34,7 +34,8 @@ def test_bench_slurm_measures_one_node_then_two_with_scaling(slurm: SlurmCluster
     assert (one["status"], one["world_size"], sorted(one["hosts"])) == ("ok", 1, ["mls-node-a"]), one
     assert (two["status"], two["world_size"], sorted(two["hosts"])) == ("ok", 2, ["mls-node-a", "mls-node-b"]), two
     assert one["samples_per_s"]["median"] > 0 and two["samples_per_s"]["median"] > 0
-    (scaling,) = report["scaling"]
+    base, scaling = report["scaling"]
+    assert (base["world_size"], base["efficiency"]) == (1, 1.0)
     assert (scaling["world_size"], scaling["baseline_world_size"]) == (2, 1) and scaling["efficiency"] > 0
     assert "over 2 node(s)" in stderr
     sys.stderr.write(f"\n[bench --slurm] ZeRO-2 samples/s: 1 node {one['samples_per_s']['median']:.2f}, "

@@ -148,4 +148,6 @@ def _is_worker(pid: int) -> bool:
 
 
 def _is_cli(pid: int) -> bool:
-    return b"mlstack_ds\0verify\0--slurm" in _cmdline(pid)
+    """The CLI's own process (salloc's command line names it too)."""
+    cmdline = _cmdline(pid)
+    return b"mlstack_ds\0verify\0--slurm" in cmdline and not cmdline.startswith(b"salloc")
