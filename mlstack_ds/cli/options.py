@@ -115,6 +115,10 @@ def _slurm(does: str) -> Any:
 
 
 VerifySlurmOption = _slurm("run the suite on every allocated node, one srun task per rank.")
+InstallSlurmOption = _slurm(
+    "build once here (a login node without GPUs builds for the nodes' targets), install the same wheel on every "
+    "allocated node through srun (node-local environments each, a shared one once), all or nothing, then "
+    "verify --slurm. The wheel cache (--cache-dir) must be on a file system every node sees.")
 BenchSlurmOption = _slurm("run the stages on the allocated nodes, one srun task per rank; --nodes 1,2 "
                          "measures scaling across them.")
 DoctorSlurmOption = _slurm(

@@ -183,3 +183,31 @@ def stop_steps(job_id: str, name: str, env: Mapping[str, str], timeout_s: float 
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else "no output"
+
+
+def on_each_node(allocation: Allocation, hosts: Sequence[str], argv: Sequence[str | Path], *, timeout_s: float,
+                 env: Mapping[str, str], input_text: str | None = None) -> tuple[dict[str, str], runner.RunResult]:
+    """`argv` once on each of `hosts` in one srun step (one task per node, `--label`); returns each node's
+    own stdout (the labelled lines, label removed; a node whose task printed nothing is absent) and the
+    step's result. Raises ToolTimedOut after `timeout_s`, with the step gone."""
+    entries = [HostEntry(host, 1) for host in hosts]
+    name = f"{launcher.new_run_id()}-each"
+    command = [str(find_srun(env)), *step_options(allocation, entries, name, 1), "--label",
+               *(["--input=all"] if input_text is not None else []), *map(str, argv)]
+    result = run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env,
+                      input_text=input_text)
+    lines: dict[int, list[str]] = {}
+    for line in result.stdout.splitlines():
+        task, sep, rest = line.partition(": ")
+        if sep and task.strip().isdigit():
+            lines.setdefault(int(task), []).append(rest)
+    return {hosts[task]: "\n".join(text) for task, text in lines.items() if task < len(hosts)}, result
+
+
+def on_node(allocation: Allocation, host: str, argv: Sequence[str | Path], *, timeout_s: float,
+            env: Mapping[str, str]) -> runner.RunResult:
+    """`argv` as one task on `host` (an srun step of one task), like `ssh host argv`; ToolTimedOut after
+    `timeout_s`, with the step gone."""
+    name = f"{launcher.new_run_id()}-on"
+    command = [str(find_srun(env)), *step_options(allocation, [HostEntry(host, 1)], name, 1), *map(str, argv)]
+    return run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env)
