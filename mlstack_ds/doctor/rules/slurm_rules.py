@@ -5,6 +5,7 @@ seen from one srun task per node (gathered by doctor/cluster.py; each check a pu
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from mlstack_ds.doctor.cluster_input import ClusterInput, peer_interfaces
 from mlstack_ds.doctor.model import Hit, Rule
@@ -156,5 +157,27 @@ RULES: tuple[Rule, ...] = (
              "kill what holds the port on the first node (`ss -ltnp 'sport = :<port>'`)"),
         source="doctor --slurm: a TCP connect from a task on every node to a port this host listens on",
         cluster_check=port_unreachable,
+    ),
+    Rule(
+        id="MLS-SLURM-005",
+        severity="error",
+        title="DeepSpeed's `--launcher slurm` needs sinfo here and mpi4py with an MPI-aware srun on the nodes",
+        symptom="`deepspeed --launcher slurm` fails with `RuntimeError: launcher 'slurm' not installed.` where "
+        "`sinfo` is not on PATH (its only check); where it is, it runs `srun -n <slots> --export=ALL,... "
+        "python -u script.py`, which sets no RANK/WORLD_SIZE/MASTER_ADDR: every rank's `init_distributed` "
+        "falls back to mpi4py (`ModuleNotFoundError: No module named 'mpi4py'`, MLS-DS-007), and even with "
+        "mpi4py the ranks see one world only when srun starts them through PMI (`--mpi=pmix`/`pmi2`). "
+        "With `--include` it passes that flag to srun, which has none (srun's is `--nodelist`).",
+        fix=("run it inside the allocation (salloc/sbatch) with the Slurm client on PATH (`module load slurm`; "
+             "`which sinfo`)",
+             "pip install mpi4py   # into the target environment, built against the cluster's MPI; and "
+             "--launcher_args '--mpi=pmix' (srun --mpi=list shows what the cluster has)",
+             "or no MPI at all: one srun task per rank with RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS "
+             "LOCAL_RANK=$SLURM_LOCALID MASTER_ADDR=<first node> MASTER_PORT=<port> (what `mlstack-ds verify "
+             "--slurm` runs; docs/multinode.md), or one `torchrun --nnodes $SLURM_NNODES ...` per node"),
+        source="DeepSpeed 0.19.5 deepspeed/launcher/multinode_runner.py (SlurmRunner.backend_exists: sinfo; "
+        "get_cmd) and launcher/runner.py (`launcher ... not installed`); captured on the two-node test cluster "
+        "(tests/fixtures/doctor-logs/SOURCES.md)",
+        log_patterns=(re.compile(r"launcher 'slurm' not installed"),),
     ),
 )
