@@ -11,6 +11,7 @@ usage error that names `salloc`/`sbatch`, before anything runs.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -88,3 +89,34 @@ def node_counts(requested: Sequence[int], allocation: Allocation) -> tuple[int, 
             raise UsageError(f"--nodes {count}: the allocation has {len(allocation.nodes)} node(s)",
                              hint=f"give counts from 1 to {len(allocation.nodes)}, or allocate more (`salloc -N`)")
     return tuple(requested) or (len(allocation.nodes),)
+
+
+def sbatch_script(tool: Sequence[str], python: str, verify_args: Sequence[str], *, nodes: int = 2,
+                  ranks_per_node: int | None = None) -> str:
+    """`verify --slurm --print-sbatch`: a batch script that checks the allocation (doctor) and verifies
+    DeepSpeed across it. `tool` is how this mlstack-ds was started (the same command runs in the job);
+    `ranks_per_node` fills --ntasks-per-node (None: the GPU lines stay, to be set to the node's GPUs)."""
+    mls = " ".join(shlex.quote(part) for part in tool)
+    extra = "".join(f" {shlex.quote(arg)}" for arg in verify_args)
+    per_node = (f"#SBATCH --ntasks-per-node={ranks_per_node}      # ranks per node\n" if ranks_per_node else
+                "#SBATCH --ntasks-per-node=8       # ranks per node: one per GPU\n"
+                "#SBATCH --gpus-per-node=8         # the node's GPUs (Slurm then sets ROCR_VISIBLE_DEVICES)\n")
+    return (
+        "#!/bin/bash\n"
+        "# mlstack-ds: check the allocation's nodes, then verify DeepSpeed across them (docs/multinode.md).\n"
+        "#SBATCH --job-name=mlstack-verify\n"
+        f"#SBATCH --nodes={nodes}\n"
+        f"{per_node}"
+        "#SBATCH --cpus-per-task=4         # cores per rank: cpu_adam (ZeRO offload) and data loading\n"
+        "#SBATCH --time=00:30:00\n"
+        "#SBATCH --output=%x-%j.out\n"
+        "set -euo pipefail\n"
+        "export OMP_NUM_THREADS=\"${SLURM_CPUS_PER_TASK:-1}\"\n"
+        "export SRUN_CPUS_PER_TASK=\"${SLURM_CPUS_PER_TASK:-1}\"  # srun does not inherit it (Slurm >= 22.05)\n"
+        "unset HIP_VISIBLE_DEVICES CUDA_VISIBLE_DEVICES    # Slurm's ROCR_VISIBLE_DEVICES selects the GPUs\n"
+        "# export GLOO_SOCKET_IFNAME=<if> NCCL_SOCKET_IFNAME=<if>   # the interface the nodes share (doctor "
+        "names it)\n"
+        f"PYTHON={shlex.quote(python)}\n"
+        f"{mls} doctor --slurm --python \"$PYTHON\"\n"
+        f"{mls} verify --slurm --python \"$PYTHON\"{extra}\n"
+    )

@@ -151,3 +151,29 @@ def _is_cli(pid: int) -> bool:
     """The CLI's own process (salloc's command line names it too)."""
     cmdline = _cmdline(pid)
     return b"mlstack_ds\0verify\0--slurm" in cmdline and not cmdline.startswith(b"salloc")
+
+
+def test_the_printed_sbatch_script_runs_doctor_and_verify_under_sbatch(slurm: SlurmCluster, target_venv: TargetVenv,
+                                                                       tmp_path: Path) -> None:
+    """`verify --slurm --print-sbatch` needs no allocation; its script, with the resource lines set for this
+    CPU cluster (one rank per node, no GPUs, the nodes' 2 cores), passes under `sbatch --wait`."""
+    printed = run_cli("verify", "--slurm", "--print-sbatch", "--python", target_venv.python, "--only", "zero1",
+                      base_env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    assert printed.returncode == 0, printed.stderr
+    script = printed.stdout
+    assert script.startswith("#!/bin/bash\n") and " doctor --slurm --python " in script
+    assert script.rstrip().endswith('verify --slurm --python "$PYTHON" --only zero1')
+    lines = [line for line in script.splitlines() if not line.startswith("#SBATCH --gpus-per-node")]
+    adapted = "\n".join(line.replace("--ntasks-per-node=8", "--ntasks-per-node=1")
+                        .replace("--cpus-per-task=4", "--cpus-per-task=1") for line in lines) + "\n"
+    job = tmp_path / "job.sh"
+    job.write_text(adapted)
+    out = tmp_path / "job.out"
+    done = slurm.run_in(slurm.login, ["sbatch", "--wait", f"--output={out}", job], env=cli_env(), timeout=1800,
+                        cwd=tmp_path)
+    text = out.read_text() if out.exists() else ""
+    assert done.returncode == 0, (done.stderr, text[-3000:])
+    assert "mls-node-a: reachable; Python" in text and "mls-node-b: reachable; Python" in text  # doctor
+    assert "check: zero1; status: pass" in text
+    assert "node: mls-node-a; ranks: 0" in text and "node: mls-node-b; ranks: 1" in text
+    assert_nothing_left(slurm)
