@@ -6,7 +6,7 @@ A shared venv (the session cluster's nodes share the file system) is installed o
 venvs (a cluster of its own whose nodes each mount their own copy of the venv at the common path) get the
 wheel each, through srun; when one node fails, the node already installed is rolled back (all or nothing).
 Verify is left out here (`--no-verify`): `install --slurm` then runs exactly `verify --slurm`, tested on its own
-in test_verify_slurm.py.
+in test_slurm_verify.py.
 """
 
 from __future__ import annotations
