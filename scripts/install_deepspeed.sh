@@ -242,9 +242,24 @@ summary() {
 }
 
 # Without torch, `install` stops with the exact PyTorch index for the detected ROCm (exit 3).
+# The tool runs as a child (the summary comes after it), so a SIGTERM or SIGHUP sent to this script (a job
+# controller, `timeout`) is passed on: the tool stops its build or verify cleanly and this script waits for
+# it. Ctrl-C needs no passing on: the terminal sends it to the tool too (same process group).
+"$venv/bin/mlstack-ds" install --python "$venv/bin/python" "${passthrough[@]}" <&0 &
+tool=$!
+trap 'kill -TERM "$tool" 2>/dev/null' TERM HUP
+trap ':' INT
 set +e
-"$venv/bin/mlstack-ds" install --python "$venv/bin/python" "${passthrough[@]}"
+wait "$tool"
 rc=$?
+while kill -0 "$tool" 2>/dev/null; do  # `wait` returned for a trapped signal: the tool is still stopping
+  wait "$tool"
+  rc=$?
+done
 set -e
+trap - TERM HUP INT
+if ((rc == 130)); then
+  exit "$rc"  # stopped: no summary of what was left out
+fi
 summary
 exit "$rc"

@@ -56,8 +56,13 @@ stop_stress() {
   [[ -n $stress_pid ]] && kill -- -"$stress_pid" 2>/dev/null || true
   stress_pid=
 }
-# The suites run with SIGINT ignored (above), so Ctrl-C here stops them explicitly.
-trap 'stop_stress; ((${#suite_pids[@]})) && kill -TERM "${suite_pids[@]}" 2>/dev/null; exit 130' INT TERM
+# The suites run with SIGINT ignored (above), so Ctrl-C here stops them explicitly: each suite leads a
+# session of its own (setsid), and everything in it (pytest and the CLI runs it started) gets SIGTERM.
+stop_suites() {
+  local sid
+  for sid in "${suite_pids[@]}"; do pkill -TERM -s "$sid" 2>/dev/null || true; done
+}
+trap 'stop_stress; stop_suites; exit 130' INT TERM
 trap stop_stress EXIT
 
 start_stress() {
@@ -81,7 +86,7 @@ if $parallel; then
   for ((k = 1; k <= runs; k++)); do
     rm -rf "$logs/clone-$k"
     git clone -q "$PWD" "$logs/clone-$k"
-    bash "$logs/clone-$k/scripts/test.sh" "$@" >"$logs/run-$k.log" 2>&1 &
+    setsid bash "$logs/clone-$k/scripts/test.sh" "$@" >"$logs/run-$k.log" 2>&1 &
     suite_pids+=($!)
   done
   for ((k = 1; k <= runs; k++)); do
@@ -98,7 +103,7 @@ else
     start_stress
     started=$(date +%s)
     set +e
-    bash scripts/test.sh "$@" >"$logs/run-$k.log" 2>&1 &
+    setsid bash scripts/test.sh "$@" >"$logs/run-$k.log" 2>&1 &
     suite_pids=($!)
     wait "${suite_pids[0]}"
     rc=$?

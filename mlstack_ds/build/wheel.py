@@ -7,10 +7,14 @@ Nothing here touches the target environment; a failed or interrupted build chang
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
-import shutil
+import tempfile
 import time
+import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +79,60 @@ def cached_wheel(cache: Cache, plan: BuildPlan) -> Path | None:
     return wheels[0] if wheels else None
 
 
+def checked_entry(wheel: Path) -> tuple[dict[str, object], str]:
+    """A cache entry's build.json and its wheel's sha256, after checking the wheel against the sha256
+    recorded when it was built: a flipped bit on disk, a truncated copy or a hand edit is named here, not
+    by pip half-way through an install. An entry made before the hash was recorded is checked by the
+    archive's own CRCs, then gets its hash recorded (when the cache is writable)."""
+    meta_path = wheel.parent / "build.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not all(isinstance(meta.get(k), str) for k in ("source_commit", "tree_hash")):
+            raise ValueError("not a build record")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _corrupt(wheel, f"its build record {meta_path.name} is unreadable: {exc}") from None
+    digest = sha256_of(wheel)
+    recorded = meta.get("wheel_sha256")
+    if isinstance(recorded, str):
+        if digest != recorded:
+            raise _corrupt(wheel, f"sha256 {digest} != {recorded}, recorded when it was built")
+        return meta, digest
+    problem = _archive_problem(wheel)
+    if problem:
+        raise _corrupt(wheel, problem)
+    with contextlib.suppress(OSError):  # a read-only shared cache is still usable, checked this way
+        _write_json(meta_path, {**meta, "wheel_sha256": digest})
+    return {**meta, "wheel_sha256": digest}, digest
+
+
+def _corrupt(wheel: Path, problem: str) -> BuildError:
+    return BuildError(f"cached wheel {wheel} is corrupt ({problem}); nothing was installed",
+                      hint="run the same command with --rebuild: it builds the wheel again and replaces the "
+                      f"entry (or delete {wheel.parent})")
+
+
+def _archive_problem(wheel: Path) -> str | None:
+    """What is wrong with the zip archive (a member whose CRC does not match, a broken directory), or None."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            bad = archive.testzip()
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+        return f"not a readable zip archive: {exc}"
+    return f"member {bad} does not match its CRC-32" if bad else None
+
+
+def _write_json(path: Path, data: dict[str, object]) -> None:
+    """Replace `path` atomically: a reader sees the old record or the new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".build-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 def build_wheel(
     plan: BuildPlan,
     recipe: Recipe,
@@ -91,8 +149,8 @@ def build_wheel(
     final_dir = wheel_dir(cache, plan)
     hit = cached_wheel(cache, plan)
     if hit and not force:
-        meta = json.loads((final_dir / "build.json").read_text())
-        return BuiltWheel(hit, sha256_of(hit), meta["source_commit"], meta["tree_hash"], True, None,
+        meta, digest = checked_entry(hit)
+        return BuiltWheel(hit, digest, str(meta["source_commit"]), str(meta["tree_hash"]), True, None,
                           time.monotonic() - started)
     logs = cache.root / "logs"
     log_path = logs / f"build-{plan.cache_key}-{time.strftime('%Y%m%d-%H%M%S')}.log"
@@ -138,15 +196,28 @@ def build_wheel(
         wheels = sorted(out.glob("deepspeed-*.whl"))
         if len(wheels) != 1:
             raise BuildError(f"the build produced {len(wheels)} DeepSpeed wheels", hint=f"full log: {log_path}")
+        digest = sha256_of(wheels[0])
         (out / "build.json").write_text(json.dumps(
-            {"source_commit": commit, "tree_hash": tree_hash, "plan": plan.to_dict(), "log": str(log_path)},
-            indent=2))
+            {"source_commit": commit, "tree_hash": tree_hash, "plan": plan.to_dict(), "log": str(log_path),
+             "wheel_sha256": digest}, indent=2))
         final_dir.parent.mkdir(parents=True, exist_ok=True)
-        if final_dir.exists():
-            shutil.rmtree(final_dir)
-        publish(out, final_dir)
-    wheel = final_dir / wheels[0].name
-    return BuiltWheel(wheel, sha256_of(wheel), commit, tree_hash, False, log_path, time.monotonic() - started)
+        if final_dir.exists() and (force or cached_wheel(cache, plan) is None):
+            _discard(final_dir, staging)  # what --rebuild replaces, or an entry without a wheel
+        publish(out, final_dir)  # a concurrent build of the same plan that published first is kept
+    wheel = cached_wheel(cache, plan)
+    if wheel is None:
+        raise BuildError(f"the wheel cache entry {final_dir} vanished while it was being made",
+                         hint="another mlstack-ds process removed it; run the same command again")
+    if wheel.name != wheels[0].name or sha256_of(wheel) != digest:  # theirs
+        meta, digest = checked_entry(wheel)
+        commit, tree_hash = str(meta["source_commit"]), str(meta["tree_hash"])
+    return BuiltWheel(wheel, digest, commit, tree_hash, False, log_path, time.monotonic() - started)
+
+
+def _discard(entry: Path, staging: Path) -> None:
+    """Move a cache entry out of the way in one rename (a reader that has opened its wheel keeps reading it),
+    then delete it with the staging directory."""
+    os.rename(entry, staging / f"discarded-{entry.name}")
 
 
 # A tree without pyproject.toml (every DeepSpeed sdist) is built by setuptools' legacy PEP 517 backend.

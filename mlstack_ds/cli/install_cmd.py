@@ -26,6 +26,7 @@ from mlstack_ds.cli.options import (
     InstallSlurmOption,
     JobsOption,
     JsonOption,
+    LockTimeoutOption,
     NoPatchesOption,
     PythonOption,
     RebuildOption,
@@ -41,6 +42,7 @@ from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_b
 from mlstack_ds.install.slurm import run_slurm_install
 from mlstack_ds.install.wheel import rollback, uninstall
 from mlstack_ds.installed.health import check_health, probe_installed
+from mlstack_ds.installed.journal import unfinished_change
 from mlstack_ds.installed.receipt import read_receipt, receipt_path
 from mlstack_ds.plan.buildjobs import BuildConcurrency
 from mlstack_ds.plan.buildplan import BuildPlan
@@ -89,6 +91,7 @@ def install_command(
     rebuild: RebuildOption = False,
     hostfile: InstallHostfileOption = None,
     cached_wheel: CachedWheelOption = None,
+    lock_timeout: LockTimeoutOption = None,
     slurm: InstallSlurmOption = False,
 ) -> None:
     """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
@@ -98,7 +101,7 @@ def install_command(
     """
     output = make_output(json_output)
     request = _request(recipe, source, git_url, git_commit, sha256, arch, python, jobs, cache_dir, no_patches, rebuild,
-                       verify=not no_verify, force=force, cached_wheel=cached_wheel)
+                       verify=not no_verify, force=force, cached_wheel=cached_wheel, lock_timeout=lock_timeout)
     refuse_with_hostfile(slurm, hostfile)
     if hostfile is not None or slurm:
         if cached_wheel is not None:
@@ -219,10 +222,12 @@ def status_command(python: PythonOption = None, json_output: JsonOption = False)
     prefix = state.prefix
     receipt = read_receipt(prefix)
     health = check_health(receipt, state) if receipt is not None else None
-    intact = health is not None and health.intact
+    change = unfinished_change(prefix, interpreter)
+    problems = ([change] if change else []) + (list(health.problems) if health else [])
+    intact = health is not None and health.intact and change is None
     document = {"python": interpreter, "receipt_path": str(receipt_path(prefix)),
                 "receipt": receipt.to_dict() if receipt else None, "installed": state.__dict__,
-                "intact": intact, "problems": list(health.problems) if health else [],
+                "intact": intact, "problems": problems,
                 "files": health.files.to_dict() if health and health.files else None}
     if json_output:
         output.emit_json(document)
@@ -231,6 +236,8 @@ def status_command(python: PythonOption = None, json_output: JsonOption = False)
         output.out.print(f"no mlstack-ds install in {prefix}"
                          + (f" (DeepSpeed {state.deepspeed_version} is installed by something else)"
                             if state.deepspeed_version else ""))
+        if change:
+            output.warn(escape(change))
         return
     rows: list[tuple[str, Cell]] = [
         (key, str(getattr(receipt, key))) for key in ("deepspeed_version", "source", "source_commit", "platform",
@@ -240,27 +247,31 @@ def status_command(python: PythonOption = None, json_output: JsonOption = False)
     rows.append(("state", Text("intact", style="green") if intact else Text("changed since install", style="red")))
     if health is not None and health.files is not None and health.files.ok:
         rows.append(("files", f"{health.files.checked} match RECORD"))
-    if health is not None and health.problems:
-        rows.append(("problem", list(health.problems)))
+    if problems:
+        rows.append(("problem", problems))
     print_records(output.out, ("", ""), rows, keyed=True)
-    if not intact:
+    if not intact and change is None:
         output.warn("`mlstack-ds install --force` reinstalls what the receipt describes; "
                     "`mlstack-ds rollback` restores the previous DeepSpeed")
 
 
-def rollback_command(python: PythonOption = None, json_output: JsonOption = False) -> None:
+def rollback_command(python: PythonOption = None, json_output: JsonOption = False,
+                     lock_timeout: LockTimeoutOption = None) -> None:
     """Reinstall the DeepSpeed that was there before the last `install` (from the wheel cache)."""
     output = make_output(json_output)
     interpreter = str(python)
-    summary = rollback(interpreter, probe_installed(interpreter).prefix, status=output.status)
+    summary = rollback(interpreter, probe_installed(interpreter), status=output.status, lock_timeout=lock_timeout,
+                       waiting=output.warn)
     _report_change(output, json_output, interpreter, "rolled-back", summary)
 
 
-def uninstall_command(python: PythonOption = None, json_output: JsonOption = False) -> None:
+def uninstall_command(python: PythonOption = None, json_output: JsonOption = False,
+                      lock_timeout: LockTimeoutOption = None) -> None:
     """Remove the DeepSpeed that mlstack-ds installed; one it did not install is skipped (exit 0), like pip."""
     output = make_output(json_output)
     interpreter = str(python)
-    action, summary = uninstall(interpreter, probe_installed(interpreter))
+    action, summary = uninstall(interpreter, probe_installed(interpreter), lock_timeout=lock_timeout,
+                                waiting=output.warn)
     if action == "skipped" and not json_output:  # like pip: a warning, exit 0
         output.warn(escape(summary))
         return

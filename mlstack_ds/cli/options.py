@@ -83,6 +83,14 @@ NoPatchesOption = Annotated[bool, typer.Option("--no-patches", help="Build upstr
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the build plan and stop; change nothing.")]
 RebuildOption = Annotated[bool, typer.Option("--rebuild", help="Rebuild the wheel instead of reusing the cache.")]
 
+# --- changing an environment: `install`, `rollback`, `uninstall` ------------------------------------------------
+
+# One change at a time per environment (installed/lock.py): the others wait for it, and say so.
+LockTimeoutOption = Annotated[float | None, typer.Option(
+    "--lock-timeout", metavar="SECONDS", min=0,
+    help="When another mlstack-ds install, rollback or uninstall is changing the same environment, wait at "
+    "most this long for it (0: refuse at once, exit 7). Default: wait until it ends.")]
+
 # --- multi-node and runs: `install`, `verify`, `bench`, `doctor` ----------------------------------------------
 
 

@@ -15,6 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar, overload
 
 from mlstack_ds.cluster.remote import MAX_PARALLEL_NODES
+from mlstack_ds.runner import kill_child_sessions
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -25,11 +26,12 @@ def on_each(items: Sequence[T], fn: Callable[[T], R], *, done: Callable[[T, R], 
             in_order: bool = False) -> list[R]: ...
 @overload
 def on_each(items: Sequence[T], fn: Callable[[T], R], *, catch: type[Exception] | tuple[type[Exception], ...],
-            done: Callable[[T, R | Exception], None] | None = None, in_order: bool = False) -> list[R | Exception]: ...
+            done: Callable[[T, R | Exception], None] | None = None, in_order: bool = False,
+            kill_on_interrupt: bool = False) -> list[R | Exception]: ...
 def on_each(items: Sequence[T], fn: Callable[[T], R], *,
             catch: type[Exception] | tuple[type[Exception], ...] = (),
             done: Callable[[T, Any], None] | None = None,
-            in_order: bool = False) -> list[Any]:
+            in_order: bool = False, kill_on_interrupt: bool = False) -> list[Any]:
     """`fn(item)` for every item, up to MAX_PARALLEL_NODES at once; the answers in `items`' order, a
     caught exception (`catch`) standing for its item's answer.
 
@@ -37,7 +39,9 @@ def on_each(items: Sequence[T], fn: Callable[[T], R], *,
     answers), or, with `in_order`, once it and every item before it have finished (lines in hostfile
     order). On an exception not in `catch` (or Ctrl-C), the items not started are cancelled, the running
     ones waited for, and the first failure in `items`' order is raised, after `done` for the items
-    before it when `in_order`."""
+    before it when `in_order`. With `kill_on_interrupt` (read-only work such as probes), Ctrl-C kills
+    the commands the running ones started instead: the interpreter would wait for them at exit, up to
+    their time-outs (minutes, for a node whose torch import hangs)."""
     items = list(items)
     if not items:
         return []
@@ -75,8 +79,10 @@ def on_each(items: Sequence[T], fn: Callable[[T], R], *,
                     _collect(future, futures[future], catch, answers, failures)
                 if in_order:
                     report(())
-        except BaseException:
+        except BaseException as exc:
             pool.shutdown(wait=False, cancel_futures=True)
+            if kill_on_interrupt and isinstance(exc, KeyboardInterrupt):  # only this thread heard it
+                kill_child_sessions()  # the threads' commands end, so they return and the pool exits at once
             raise
     if failures:
         raise failures[min(failures)]

@@ -165,10 +165,27 @@ def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = N
         f"echo '{SECTION}rocm'; cat \"${{ROCM_PATH:-/opt/rocm}}/.info/version\" 2>/dev/null\n"
         f"echo '{SECTION}tool'; if test -x {tool_q}; then echo yes; else echo no; fi\n"
         f"{slurm}echo '{SECTION}python'\n"
-        f"if test -x {py}; then echo yes; {py} - <<'{_HEREDOC_END}'\n"
+        f"if test -x {py}; then echo yes; {py} - <<'{_HEREDOC_END}' &\n"
         f"{_RECEIPT_SNIPPET}{PROBE_SCRIPT}\n{_HEREDOC_END}\n"
+        f"{_ORPHAN_WATCH}"
         "else echo no; fi\n"
     )
+
+
+# ssh sends no hangup to a command without a terminal: when the tool is stopped (Ctrl-C) and its ssh goes,
+# the node's shell is only re-parented, and a probe hanging in `import torch` would stay there for good.
+# So the probe runs in the background and a watcher kills it once this shell's parent is no longer sshd.
+_ORPHAN_WATCH = """probe=$!
+( while kill -0 "$probe" 2>/dev/null; do
+    now=$(ps -o ppid= -p $$ 2>/dev/null | tr -d ' ')  # empty without ps: then nothing is killed
+    [ -z "$now" ] || [ "$now" = "$PPID" ] || { kill -9 "$probe" 2>/dev/null; exit; }
+    sleep 1
+  done ) >/dev/null 2>&1 &
+watch=$!
+wait "$probe"; status=$?
+kill "$watch" 2>/dev/null
+exit "$status"
+"""
 
 
 def parse_node_output(host: str, stdout: str, python: Path, *, interrupted: str | None = None) -> NodeFacts:

@@ -104,6 +104,7 @@ class PythonInfo:
     version: str
     prefix: str | None = None  # sys.prefix: where the receipt of an install into this env lives
     include_dir: str | None = None  # where Python.h must be for ops to compile
+    site_packages: tuple[str, ...] = ()  # purelib and platlib: where pip puts DeepSpeed and .pth files are read
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,11 @@ def _version(name):
     except Exception:
         return None
 
+_paths = sysconfig.get_paths()
 base = {"python": {"executable": sys.executable, "version": platform.python_version(), "prefix": sys.prefix,
-                   "include_dir": sysconfig.get_paths().get("include")},
+                   "include_dir": _paths.get("include"),
+                   "site_packages": list(dict.fromkeys(p for p in (_paths.get("purelib"), _paths.get("platlib"))
+                                                       if p))},
         "deepspeed": None, "deepspeed_package": None, "deepspeed_record": None,
         "torch_version": _version("torch"), "nvidia": []}
 try:
@@ -220,7 +223,8 @@ def _parse_base(data: dict[str, Any]) -> TargetFacts:
     ds = data.get("deepspeed")
     return TargetFacts(
         python=PythonInfo(executable=str(py["executable"]), version=str(py["version"]),
-                          prefix=py.get("prefix") or None, include_dir=py.get("include_dir") or None),
+                          prefix=py.get("prefix") or None, include_dir=py.get("include_dir") or None,
+                          site_packages=tuple(str(p) for p in py.get("site_packages") or () if p)),
         answered=True,
         deepspeed=DeepSpeedInfo(version=str(ds["version"]), location=ds.get("location")) if ds else None,
         deepspeed_package=data.get("deepspeed_package") or None,

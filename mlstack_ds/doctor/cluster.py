@@ -94,7 +94,8 @@ def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, to
         return probe_node(host, python, tool, env=env)
 
     # a status line as each node answers, slow ones last; the facts in hostfile order
-    nodes = on_each(names, probe, done=lambda _host, node: status(node_status(node, python)))
+    nodes = on_each(names, probe, done=lambda _host, node: status(node_status(node, python)),
+                    kill_on_interrupt=True)
     pdsh = runner.which("pdsh", path=environ.get("PATH"))
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=str(pdsh) if pdsh else None,
                        head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)})

@@ -28,6 +28,7 @@ from mlstack_ds.doctor.shmsegments import ShmScan, scan_shm_segments
 from mlstack_ds.installed.build_record import DeepSpeedBuild, read_deepspeed_build
 from mlstack_ds.installed.health import InstalledState, check_health
 from mlstack_ds.installed.integrity import check_files
+from mlstack_ds.installed.journal import unfinished_change
 from mlstack_ds.installed.receipt import ReceiptError, read_receipt, receipt_path
 from mlstack_ds.runner import which
 
@@ -145,6 +146,9 @@ def install_damage(env: Environment, target: TargetFacts, ds_build: DeepSpeedBui
     prefix = target.python.prefix
     if not prefix:
         return ()
+    unfinished = unfinished_change(prefix, target.python.executable)
+    if unfinished is not None:  # the files are mid-swap: that, not what they look like now, is the finding
+        return (unfinished,)
     try:
         receipt = read_receipt(prefix)
     except ReceiptError as exc:

@@ -21,8 +21,11 @@ from mlstack_ds.detect.environment import detect_with_target
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
+from mlstack_ds.install.repair import scrub_interrupted
 from mlstack_ds.install.wheel import install_wheel
-from mlstack_ds.installed.health import InstalledState, check_health, installed_state
+from mlstack_ds.installed.health import InstalledState, check_health, installed_state, probe_installed
+from mlstack_ds.installed.journal import lift_guard, read_journal
+from mlstack_ds.installed.lock import target_lock
 from mlstack_ds.installed.receipt import Receipt, ReceiptError, read_receipt
 from mlstack_ds.plan.buildjobs import read_mem_available
 from mlstack_ds.plan.buildplan import BuildPlan, plan_differences
@@ -52,6 +55,8 @@ class InstallRequest:
     rebuild: bool = False
     # `install --hostfile` on each node: install the head's wheel (this cache key) from the cache, never build.
     cached_wheel: str | None = None
+    # Seconds to wait for another install into the same environment (None: until it ends; 0: refuse at once).
+    lock_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,10 @@ def _recorded_plan(cache: Cache, key: str) -> dict[str, Any] | None:
 
 def run_install(prepared: Prepared, request: InstallRequest, output: Output,
                 progress: BuildProgress | None = None) -> InstallOutcome:
+    """Everything from the receipt to the new receipt runs under the environment's lock: a second install
+    into the same interpreter waits (and says so), then finds the first one's result. An earlier change
+    that was killed (its journal is there, and its lock is free) is repaired: what it left is cleared and
+    the plan's wheel installed."""
     plan = prepared.plan
     prefix = prepared.environment.python.prefix
     if not prefix:
@@ -173,27 +182,38 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
     cache = Cache.open(request.cache_dir)  # a bad --cache-dir is an error even when nothing needs building
     if request.cached_wheel is not None:
         refuse_to_build(plan, request.cached_wheel, cache)
-    forced = request.force or request.rebuild
-    try:
-        receipt = read_receipt(prefix)
-    except ReceiptError:
-        if not forced:  # its hint: --force replaces it
-            raise
-        receipt = None  # install_wheel warns about it and writes a new one
-    # detect's probe, moments ago, already says what is installed: nothing has changed the environment since.
-    before = installed_state(prepared.target, plan.target_python)
-    reasons = reinstall_reasons(plan, receipt, before)
-    if not forced and not reasons:
-        assert receipt is not None
-        return InstallOutcome(plan, "up-to-date", receipt, None)
-    if receipt is not None and receipt.cache_key == plan.cache_key and reasons:
-        output.warn("the installed DeepSpeed is not what was installed: " + "; ".join(reasons) + "; reinstalling")
-    built = build_wheel(plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
-                        progress=progress, status=output.status)
-    output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
-                  + built.wheel.name)
-    new_receipt = install_wheel(plan, built, prefix, status=output.status, warn=output.warn,
-                                replace_bad_receipt=forced, before=before)
+    site_dirs = prepared.target.python.site_packages
+    with target_lock(prefix, plan.target_python, timeout=request.lock_timeout, waiting=output.warn) as lock:
+        interrupted = read_journal(prefix)
+        if interrupted is not None:
+            lift_guard(interrupted, site_dirs)
+            removed = scrub_interrupted(site_dirs)
+            output.warn(f"{interrupted.describe()} was interrupted; repairing: installing DeepSpeed "
+                        f"{plan.deepspeed_version}" + (f" (removed what it left: {', '.join(removed)})"
+                                                       if removed else ""))
+        forced = request.force or request.rebuild or interrupted is not None
+        try:
+            receipt = read_receipt(prefix)
+        except ReceiptError:
+            if not forced:  # its hint: --force replaces it
+                raise
+            receipt = None  # install_wheel warns about it and writes a new one
+        # detect's probe, moments ago, says what is installed, unless another change ran meanwhile.
+        before = (probe_installed(plan.target_python) if lock.waited or interrupted is not None
+                  else installed_state(prepared.target, plan.target_python))
+        reasons = reinstall_reasons(plan, receipt, before)
+        if not forced and not reasons:
+            assert receipt is not None
+            return InstallOutcome(plan, "up-to-date", receipt, None)
+        if interrupted is None and receipt is not None and receipt.cache_key == plan.cache_key and reasons:
+            output.warn("the installed DeepSpeed is not what was installed: " + "; ".join(reasons)
+                        + "; reinstalling")
+        built = build_wheel(plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
+                            progress=progress, status=output.status)
+        output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
+                      + built.wheel.name)
+        new_receipt = install_wheel(plan, built, prefix, status=output.status, warn=output.warn,
+                                    replace_bad_receipt=forced, before=before, lock=lock, interrupted=interrupted)
     report = None
     if request.verify:
         output.status("verifying the install (mlstack-ds verify)")

@@ -9,11 +9,13 @@ The environment is only touched here, after the wheel exists.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from mlstack_ds import __version__
 from mlstack_ds.build.wheel import BuiltWheel
-from mlstack_ds.errors import InstallError, Interrupted, ToolError
+from mlstack_ds.errors import InstallError, Interrupted, MlstackError, ToolError
 from mlstack_ds.install.repack import RepackError, repack_installed
 from mlstack_ds.installed.health import InstalledState, probe_installed
 from mlstack_ds.installed.integrity import check_files
+from mlstack_ds.installed.journal import Journal, begin_change, end_change, lift_guard, now, read_journal
+from mlstack_ds.installed.lock import TargetLock, target_lock
 from mlstack_ds.installed.receipt import (
     PreviousInstall,
     Receipt,
@@ -84,9 +88,10 @@ def signals_deferred(done: str = "the change was completed") -> Iterator[None]:
                           hint="the environment is consistent; `mlstack-ds status` shows it")
 
 
-def _pip(python: str, *args: str, what: str) -> None:
+def _pip(python: str, *args: str, what: str, lock: TargetLock | None = None) -> None:
+    """pip in the target; it inherits the environment's lock, which so outlives a killed tool until pip ends."""
     try:
-        result = run([python, "-m", "pip", *args], timeout=PIP_TIMEOUT_S)
+        result = run([python, "-m", "pip", *args], timeout=PIP_TIMEOUT_S, pass_fds=(lock.fd,) if lock else ())
     except ToolError as exc:
         raise InstallError(f"{what}: {exc.message}", hint=exc.hint) from exc
     if not result.ok:
@@ -103,12 +108,17 @@ def install_wheel(
     warn: Callable[[str], None] = lambda _msg: None,
     replace_bad_receipt: bool = False,
     before: InstalledState | None = None,
+    lock: TargetLock | None = None,
+    interrupted: Journal | None = None,
 ) -> Receipt:
     """Install `built` into the plan's interpreter and write the receipt. Torch is left untouched.
     A DeepSpeed we did not install is packed into a wheel first, so `rollback` can put it back.
     `replace_bad_receipt` (--force): an unusable receipt is replaced instead of stopping the install.
     `before`: what the environment holds, when the caller already probed it in this command (nothing
-    but this function changes the environment, and the build in between never touches it)."""
+    but this function changes the environment, and the build in between never touches it).
+    `lock`: the environment's lock the caller holds (pip inherits it). `interrupted`: the journal of an
+    earlier change that was killed (this install repairs it: what was there before *that* change stays
+    the previous install). The journal is written before pip swaps DeepSpeed and removed after the receipt."""
     python = plan.target_python
     if before is None:
         before = probe_installed(python)
@@ -120,7 +130,9 @@ def install_wheel(
         warn(f"{exc.message}; it will be replaced")
         old_receipt = None
     ours = old_receipt is not None and old_receipt.deepspeed_version == before.deepspeed_version
-    if before.deepspeed_version is not None and not ours:
+    if interrupted is not None:
+        previous = _previous_of_interrupted(interrupted, old_receipt, plan.cache_key)
+    elif before.deepspeed_version is not None and not ours:
         note = (f" (the receipt describes DeepSpeed {old_receipt.deepspeed_version})" if old_receipt
                 else " (no usable receipt)" if receipt_path(prefix).exists() else "")
         previous = _keep_foreign(before, prefix, note, warn)
@@ -133,19 +145,43 @@ def install_wheel(
         if requirements:
             status(f"installing DeepSpeed's requirements ({len(requirements)}), torch held at {before.torch_version}")
             _pip(python, "install", "--quiet", "--constraint", str(constraints), *requirements,
-                 what="installing DeepSpeed's requirements")
+                 what="installing DeepSpeed's requirements", lock=lock)
     status(f"installing {built.wheel.name}")
     with signals_deferred(f"DeepSpeed {plan.deepspeed_version} was installed and its receipt written"):
+        journal = begin_change(prefix, before.site_packages, Journal(
+            "install", os.getpid(), now(), interrupted.from_version if interrupted else before.deepspeed_version,
+            plan.deepspeed_version, python, asdict(previous)))
         try:
             _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", str(built.wheel),
-                 what="installing the DeepSpeed wheel")
-        except InstallError:
+                 what="installing the DeepSpeed wheel", lock=lock)
+        except InstallError:  # pip put the old files back itself
+            end_change(prefix, journal)
             _prune_kept(prefix, keep=old_receipt.previous.wheel if old_receipt else None)
             raise
-        receipt = _checked_receipt(plan, built, before, previous)
+        lift_guard(journal)  # the files are complete: the check below finds DeepSpeed the way imports do
+        try:
+            receipt = _checked_receipt(plan, built, before, previous)
+        except MlstackError:  # a complete install, not the planned one: reported, not interrupted
+            end_change(prefix, journal)
+            raise
         write_receipt(prefix, receipt)
+        end_change(prefix, journal)
     _prune_kept(prefix, keep=receipt.previous.wheel)
     return receipt
+
+
+def _previous_of_interrupted(journal: Journal, old: Receipt | None, cache_key: str) -> PreviousInstall:
+    """The previous install when repairing: the interrupted change never wrote its receipt, so the receipt
+    in place is the one from before it; reinstalling that plan keeps its previous (as `_previous` does),
+    anything else records what the interrupted change had recorded."""
+    if old is not None and old.cache_key == cache_key:
+        return old.previous
+    if journal.previous is not None:
+        try:
+            return PreviousInstall(**journal.previous)
+        except TypeError:
+            pass
+    return PreviousInstall(journal.from_version)
 
 
 def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState, previous: PreviousInstall
@@ -217,17 +253,55 @@ def _prune_kept(prefix: str, keep: str | None) -> None:
         directory.rmdir()  # only when empty
 
 
-def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _msg: None) -> str:
-    """Restore what was there before our last install; returns a one-line summary."""
+@contextlib.contextmanager
+def locked_for_change(state: InstalledState, python: str, what: str, *, lock_timeout: float | None = None,
+                      waiting: Callable[[str], None] = lambda _msg: None
+                      ) -> Iterator[tuple[TargetLock, InstalledState]]:
+    """For rollback and uninstall: hold the environment's lock (re-probing when another change ran
+    meanwhile) and refuse to act on an interrupted change: `install` repairs it."""
+    with target_lock(state.prefix, python, timeout=lock_timeout, waiting=waiting) as lock:
+        if lock.waited:
+            state = probe_installed(python)
+        interrupted = read_journal(state.prefix)
+        if interrupted is not None:
+            raise InstallError(f"{interrupted.describe()} was interrupted in {state.prefix}; not {what} over it",
+                               hint=f"`mlstack-ds install --python {python}` repairs it first (with the options of "
+                               "the install you want)")
+        yield lock, state
+
+
+@contextlib.contextmanager
+def journaled(state: InstalledState, python: str, action: str, to_version: str | None) -> Iterator[None]:
+    """The journal and import guard around a pip call that swaps DeepSpeed (rollback, uninstall), removed
+    when the block ends (after the receipt is in its new state) or fails (pip put things back)."""
+    journal = begin_change(state.prefix, state.site_packages, Journal(
+        action, os.getpid(), now(), state.deepspeed_version, to_version, python))
+    try:
+        yield
+    finally:
+        end_change(state.prefix, journal)
+
+
+def rollback(python: str, probed: InstalledState, status: Callable[[str], None] = lambda _msg: None,
+             lock_timeout: float | None = None, waiting: Callable[[str], None] = lambda _msg: None) -> str:
+    """Restore what was there before our last install; returns a one-line summary. Holds the environment's
+    lock (`lock_timeout`, `waiting` as for install); `probed`: the caller's probe."""
+    with locked_for_change(probed, python, "rolling back", lock_timeout=lock_timeout, waiting=waiting) as (
+            lock, state):
+        return _rollback(python, state, lock, status)
+
+
+def _rollback(python: str, state: InstalledState, lock: TargetLock, status: Callable[[str], None]) -> str:
+    prefix = state.prefix
     receipt = read_receipt(prefix)
     if receipt is None:
         raise InstallError(f"no mlstack-ds receipt in {prefix}", hint="nothing to roll back")
     previous = receipt.previous
     if previous.deepspeed_version is None:
         status("the environment had no DeepSpeed before: uninstalling ours")
-        with signals_deferred():
-            _pip(python, "uninstall", "--yes", "deepspeed", what="uninstalling DeepSpeed")
-        remove_receipt(prefix)
+        with signals_deferred(), journaled(state, python, "rollback", None):
+            _pip(python, "uninstall", "--yes", "deepspeed", what="uninstalling DeepSpeed", lock=lock)
+            remove_receipt(prefix)
         _prune_kept(prefix, keep=None)
         return "rolled back: DeepSpeed removed (there was none before)"
     if not previous.wheel or not Path(previous.wheel).is_file():
@@ -236,14 +310,19 @@ def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _m
             "is no longer cached",
             hint=f"reinstall it yourself: pip install deepspeed=={previous.deepspeed_version}",
         )
-    if previous.wheel_sha256 and sha256_of(Path(previous.wheel)) != previous.wheel_sha256:
-        raise InstallError(f"the kept copy of DeepSpeed {previous.deepspeed_version} ({previous.wheel}) was "
+    # The kept copy's hash, or the cached build's (recorded in its receipt when it was installed).
+    expected = previous.wheel_sha256 or (previous.receipt or {}).get("wheel_sha256")
+    if expected and sha256_of(Path(previous.wheel)) != expected:
+        what = "cached wheel" if previous.receipt else "kept copy"
+        raise InstallError(f"the {what} of DeepSpeed {previous.deepspeed_version} ({previous.wheel}) was "
                            "modified since it was made; not installing it",
-                           hint=f"reinstall it yourself: pip install deepspeed=={previous.deepspeed_version}")
+                           hint=f"reinstall it yourself: pip install deepspeed=={previous.deepspeed_version}"
+                           if not previous.receipt else "`mlstack-ds install --rebuild` with that version's "
+                           "options builds it again")
     status(f"reinstalling {Path(previous.wheel).name}")
-    with signals_deferred():
+    with signals_deferred(), journaled(state, python, "rollback", previous.deepspeed_version):
         _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", previous.wheel,
-             what="reinstalling the previous DeepSpeed")
+             what="reinstalling the previous DeepSpeed", lock=lock)
         if previous.receipt:
             write_receipt(prefix, Receipt.from_dict({**previous.receipt, "previous": None}))
         else:
@@ -253,25 +332,28 @@ def rollback(python: str, prefix: str, status: Callable[[str], None] = lambda _m
     return f"rolled back to DeepSpeed {previous.deepspeed_version}{origin}"
 
 
-def uninstall(python: str, state: InstalledState) -> tuple[str, str]:
+def uninstall(python: str, probed: InstalledState, lock_timeout: float | None = None,
+              waiting: Callable[[str], None] = lambda _msg: None) -> tuple[str, str]:
     """Remove the DeepSpeed our receipt describes; returns (action, summary). Like `pip uninstall` of
-    something not installed, nothing of ours to remove is not an error: ("skipped", why). `state`: what
-    the caller's probe found (the command asks the interpreter once)."""
-    prefix = state.prefix
-    receipt = read_receipt(prefix)
-    if receipt is None:
-        other = (f"; DeepSpeed {state.deepspeed_version} there was installed by something else "
-                 "(pip uninstall deepspeed removes it)" if state.deepspeed_version else "")
-        return "skipped", f"Skipping: nothing installed by mlstack-ds in {prefix}{other}"
-    if state.deepspeed_version != receipt.deepspeed_version:
-        with signals_deferred():
+    something not installed, nothing of ours to remove is not an error: ("skipped", why). `probed`: what
+    the caller's probe found (the command asks the interpreter once). Holds the environment's lock."""
+    with locked_for_change(probed, python, "uninstalling", lock_timeout=lock_timeout, waiting=waiting) as (
+            lock, state):
+        prefix = state.prefix
+        receipt = read_receipt(prefix)
+        if receipt is None:
+            other = (f"; DeepSpeed {state.deepspeed_version} there was installed by something else "
+                     "(pip uninstall deepspeed removes it)" if state.deepspeed_version else "")
+            return "skipped", f"Skipping: nothing installed by mlstack-ds in {prefix}{other}"
+        if state.deepspeed_version != receipt.deepspeed_version:
+            with signals_deferred():
+                remove_receipt(prefix)
+                _prune_kept(prefix, keep=None)
+            now_there = (f"DeepSpeed {state.deepspeed_version} there now is not ours and was left alone"
+                         if state.deepspeed_version else "DeepSpeed was already removed")
+            return "uninstalled", f"removed the receipt of DeepSpeed {receipt.deepspeed_version}: {now_there}"
+        with signals_deferred(), journaled(state, python, "uninstall", None):
+            _pip(python, "uninstall", "--yes", "deepspeed", what="uninstalling DeepSpeed", lock=lock)
             remove_receipt(prefix)
-            _prune_kept(prefix, keep=None)
-        now = (f"DeepSpeed {state.deepspeed_version} there now is not ours and was left alone"
-               if state.deepspeed_version else "DeepSpeed was already removed")
-        return "uninstalled", f"removed the receipt of DeepSpeed {receipt.deepspeed_version}: {now}"
-    with signals_deferred():
-        _pip(python, "uninstall", "--yes", "deepspeed", what="uninstalling DeepSpeed")
-        remove_receipt(prefix)
         _prune_kept(prefix, keep=None)
     return "uninstalled", "DeepSpeed uninstalled"

@@ -24,6 +24,7 @@ class InstalledState:
     prebuilt_ops: tuple[str, ...]
     torch_version: str | None
     record: str | None = None  # the installed DeepSpeed's *.dist-info/RECORD (what pip installed)
+    site_packages: tuple[str, ...] = ()  # where pip puts DeepSpeed (the change journal's guard goes there)
 
 
 @dataclass(frozen=True)
@@ -90,4 +91,5 @@ def installed_state(facts: TargetFacts, python: str) -> InstalledState:
         prebuilt_ops=tuple(build.prebuilt_ops) if build else (),
         torch_version=facts.torch_version,
         record=facts.deepspeed_record if location else None,
+        site_packages=facts.python.site_packages,
     )

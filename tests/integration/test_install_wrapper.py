@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,38 @@ def test_fresh_venv_without_torch_stops_with_the_fix(tmp_path: Path) -> None:
     assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
     second = run_wrapper("--venv", str(venv), "--", "--dry-run")  # re-run reuses the venv
     assert second.returncode == 3 and "creating" not in second.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_wrapper_stops_the_tool_and_its_probe(tmp_path: Path) -> None:
+    """The wrapper runs the tool as a child (its summary comes after): a SIGTERM sent to the wrapper (a job
+    controller, `timeout`) must reach the tool, which kills what it started; the wrapper waits for that."""
+    pid_file = tmp_path / "probe.pid"
+    hanging = tmp_path / "python"
+    hanging.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
+    hanging.chmod(0o755)
+    wrapper = subprocess.Popen(["bash", str(WRAPPER), "--venv", str(tmp_path / "venv"), "--", "--python",
+                                str(hanging), "--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.monotonic() + 900  # the wrapper first makes the venv and installs the tool
+    while not pid_file.exists() and time.monotonic() < deadline and wrapper.poll() is None:
+        time.sleep(0.1)
+    assert pid_file.exists(), wrapper.communicate(timeout=60)[1][-3000:]
+    probe = int(pid_file.read_text())
+    wrapper.send_signal(signal.SIGTERM)
+    _, stderr = wrapper.communicate(timeout=120)
+    assert wrapper.returncode == 130, stderr[-3000:]
+    assert "error: interrupted" in stderr and "left out" not in stderr
+    assert not Path(f"/proc/{probe}").exists(), "the probe outlived the wrapper"
+    tools = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(hanging).encode() in _cmdline(p)]
+    assert tools == [], "the tool (or its probe) outlived the wrapper"
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -5,15 +5,28 @@ no DeepSpeed) or tiny venvs of two real Python builds; nothing is faked on the n
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support.cli import start_cli
 from support.target_env import bare_venv
-from support.two_hosts import NETNS_ETC, NODE_NAMES, SUBNET, TwoHosts, head_cli, missing, two_hosts
+from support.two_hosts import (
+    NETNS_ETC,
+    NODE_NAMES,
+    REPO_ROOT,
+    SUBNET,
+    TwoHosts,
+    head_cli,
+    missing,
+    two_hosts,
+)
 
 EXIT_ENVIRONMENT = 3
 DEAD_HOST = "mls-node-c"  # in the ssh configuration, at node b's address, on a port where nothing listens
@@ -169,3 +182,34 @@ def test_python_versions_differ_between_nodes(tmp_path: Path) -> None:
     assert result.returncode == EXIT_ENVIRONMENT, result.stdout + result.stderr
     found = by_id(json.loads(result.stdout))
     assert f"Python: {versions[0]} on mls-node-a; {versions[1]} on mls-node-b" in found["MLS-MN-006"]["evidence"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_doctor_at_once_and_nothing_is_left_on_the_nodes(two_hosts_shared: TwoHosts, tmp_path: Path,
+                                                                     stop: int) -> None:
+    """A torch import that hangs on every node (a broken driver): Ctrl-C must not wait for the nodes' 150 s
+    time-out (the node probes run in threads, which the interpreter waits for at exit), and the hanging
+    interpreters must not stay behind on the nodes."""
+    hosts = two_hosts_shared
+    hanging = tmp_path / "python"
+    hanging.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/$(hostname).tmp && mv {tmp_path}/$(hostname).tmp "
+                       f"{tmp_path}/$(hostname).pid\nexec sleep 300\n")
+    hanging.chmod(0o755)
+    pid_files = [tmp_path / f"{name}.pid" for name in NODE_NAMES]
+    cli = start_cli("doctor", "--hostfile", hosts.hostfile(1, tmp_path), "--python", hanging,
+                    prefix=hosts.on(hosts.hosts[0], []), cwd=REPO_ROOT,
+                    base_env=hosts.env({**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)}))
+    deadline = time.monotonic() + 300
+    while not all(p.exists() for p in pid_files) and time.monotonic() < deadline and cli.poll() is None:
+        time.sleep(0.1)
+    assert all(p.exists() for p in pid_files), cli.communicate(timeout=200)[1][-3000:]
+    stopped_at = time.monotonic()
+    cli.send_signal(stop)
+    _, stderr = cli.communicate(timeout=200)
+    assert time.monotonic() - stopped_at < 90, stderr[-3000:]  # not the nodes' 150 s time-out
+    assert cli.returncode == 130 and "error: interrupted" in stderr, stderr[-3000:]
+    pids = [int(p.read_text()) for p in pid_files]
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == [], "a node's hanging probe was left running"

@@ -15,6 +15,7 @@ from mlstack_ds.detect.target_probe import TargetFacts, probe_target
 from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.doctor.facts import collect_facts, kfd_native_archs, parse_gfx_target_version
 from mlstack_ds.installed.build_record import parse_git_version_info
+from mlstack_ds.installed.journal import Journal, begin_change
 
 # In the format DeepSpeed 0.19.5's setup.py writes it (setup.py, "git_version_info_installed.py").
 GIT_VERSION_INFO = (
@@ -138,6 +139,24 @@ def test_deepspeed_build_record_and_receipt(tmp_path: Path) -> None:
     assert build.version == "0.19.5"
     assert build.prebuilt_ops == ["cpu_adam"]
     assert (build.torch_version, build.hip_version, build.accelerator) == ("2.5", "6.2", "cuda")
+
+
+def test_an_interrupted_change_is_the_damage_doctor_reports(tmp_path: Path) -> None:
+    """A change journal left by a killed install (installed/journal.py): doctor names it, as `status` does,
+    whatever the half-swapped files look like (MLS-DS-006, fix: install repairs it)."""
+    venv = bare_venv(tmp_path / "venv")
+    site = tmp_path / "site-packages"
+    write(site / "deepspeed" / "git_version_info_installed.py", GIT_VERSION_INFO)
+    python = str(venv / "bin" / "python")
+    begin_change(venv, [str(site)], Journal(action="install", pid=12345, started_at="2026-11-26T10:00:00Z",
+                                            from_version="0.19.5", to_version="0.19.8", python=python))
+    env = make_env(deepspeed=DeepSpeedInfo("0.19.5", str(site)))
+    env = type(env)(**{**env.__dict__, "python": PythonInfo(python, "3")})
+    facts = collect_facts(env, environ={"PATH": ""}, root=fake_root(tmp_path))
+    (damage,) = facts.install_damage
+    assert damage == ("`mlstack-ds install` (pid 12345, started 2026-11-26T10:00:00Z: DeepSpeed 0.19.5 -> 0.19.8) was "
+                      "interrupted before it finished: DeepSpeed may be half-installed and `import deepspeed` is "
+                      f"refused until `mlstack-ds install --python {python}` repairs it")
 
 
 def test_missing_build_record_is_a_warning(tmp_path: Path) -> None:

@@ -122,8 +122,11 @@ RULES: tuple[Rule, ...] = (
         id="MLS-DS-006", severity="error", title="The installed DeepSpeed is not what was installed",
         symptom="Files pip installed are missing or modified (e.g. a deleted "
         "`deepspeed/ops/adam/cpu_adam_op*.so`: `cpu_adam` is JIT-compiled or fails at first use), DeepSpeed "
-        "was removed or replaced under mlstack-ds's receipt, or the receipt itself is unusable.",
-        fix=("mlstack-ds install --force   # reinstalls from the wheel cache and writes a new receipt",),
+        "was removed or replaced under mlstack-ds's receipt, the receipt itself is unusable, or an install "
+        "was killed while pip swapped DeepSpeed's files (its change journal is still there, and `import "
+        "deepspeed` is refused until it is repaired).",
+        fix=("mlstack-ds install --force   # reinstalls from the wheel cache and writes a new receipt; "
+             "an interrupted install is repaired first",),
         source="issue 13 (a deleted cpu_adam_op*.so was reported intact by status, install and doctor); "
         "files checked against the wheel's `*.dist-info/RECORD` (PEP 376/627)",
         check=install_damaged,
