@@ -66,11 +66,14 @@ def run(
     cwd: Path | None = None,
     input_text: str | None = None,
     pass_fds: Sequence[int] = (),
+    terminate_s: float = 0.0,
 ) -> RunResult:
     """Run `argv` to completion, capturing text output; raise ToolMissing/ToolTimedOut/ToolError.
 
     A non-zero exit is *not* an exception: callers decide what it means. `pass_fds`: descriptors the
-    child keeps (an install lock, held as long as the pip holding it runs).
+    child keeps (an install lock, held as long as the pip holding it runs). On time-out or Ctrl-C the
+    child's session is SIGKILLed; with `terminate_s`, it gets SIGTERM first and that long to exit (srun:
+    SIGTERM makes it kill its job step on every node, SIGKILL would leave the step running).
     """
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
@@ -79,12 +82,22 @@ def run(
     try:
         stdout, stderr = proc.communicate(input=input_text, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        _kill_group(proc)
+        _terminate(proc, terminate_s)
         raise _timed_out(args, timeout) from exc
     except BaseException:
-        _kill_group(proc)
+        _terminate(proc, terminate_s)
         raise
     return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def _terminate(proc: subprocess.Popen[str], grace_s: float) -> None:
+    """SIGTERM to the child's group and up to `grace_s` to exit (when positive), then `_kill_group`."""
+    if grace_s > 0 and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
+            proc.communicate(timeout=grace_s)
+    _kill_group(proc)
 
 
 class Background:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.bench.spec import BenchSpec
-from mlstack_ds.cluster import hostfile
+from mlstack_ds.cluster import hostfile, slurm
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted
 from mlstack_ds.launch import launcher, target
@@ -50,20 +51,31 @@ def run_bench(spec: BenchSpec, python: Path, status: Callable[[str], None] = lam
     """Every (world size, stage) in order; returns the runs and the target's platform (cpu, cuda)."""
     python = resolve_python(python)
     target.refuse_world_size_with_hostfile(spec.world_sizes or None, spec.hostfile)
+    slurm.refuse_with_hostfile(spec.slurm, spec.hostfile)
+    target.refuse_world_size_with_slurm(spec.world_sizes or None, spec.slurm)
+    allocation = slurm.current(os.environ) if spec.slurm else None
+    counts = slurm.node_counts(spec.node_counts, allocation) if allocation is not None else ()
     probe = target.require_torch(python)
     hosts = hostfile.parse_hostfile(spec.hostfile) if spec.hostfile else None
-    world_sizes = target.world_sizes(probe, spec.world_sizes or (), spec.hostfile, hosts)
+    # one launch per (nodes, world size): the hostfile's or the allocation's first N nodes, or this machine
+    layouts: list[tuple[int, Sequence[hostfile.HostEntry] | None]]
+    if allocation is not None:
+        per_node = target.slurm_ranks_per_node(probe, allocation)
+        layouts = [(count * per_node, allocation.hosts(per_node, count)) for count in counts]
+    else:
+        layouts = [(size, hosts) for size in target.world_sizes(probe, spec.world_sizes or (), spec.hostfile, hosts)]
     platform = "cpu" if probe.gpus == 0 else "gpu"
     runs: list[StageRun] = []
-    total = len(world_sizes) * len(spec.stages)
-    for world_size in world_sizes:
+    total = len(layouts) * len(spec.stages)
+    for world_size, launch_hosts in layouts:
+        where = f" over {len(launch_hosts)} node(s)" if allocation is not None and launch_hosts else ""
         for stage in spec.stages:
             label = stage_label(stage)
-            status(f"[{len(runs) + 1}/{total}] {label} on {world_size} rank(s): {spec.model.name}, "
+            status(f"[{len(runs) + 1}/{total}] {label} on {world_size} rank(s){where}: {spec.model.name}, "
                    f"{spec.warmup} warm-up + {spec.steps} timed steps")
             try:
-                run = _run_stage(python, spec, stage, world_size, hosts=hosts, status=status,
-                                 extra_env=extra_env or {})
+                run = _run_stage(python, spec, stage, world_size, hosts=launch_hosts, status=status,
+                                 extra_env=extra_env or {}, allocation=allocation)
             except KeyboardInterrupt:
                 raise Interrupted(f"interrupted: bench stopped during {label} on {world_size} rank(s); every "
                                   "launched process was killed", hint="run it again (--stages to pick fewer)",
@@ -104,11 +116,12 @@ def worker_args(spec: BenchSpec, stage: str, out_dir: Path, run_id: str) -> list
 
 def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *,
                hosts: Sequence[hostfile.HostEntry] | None, status: Callable[[str], None],
-               extra_env: Mapping[str, str]) -> StageRun:
+               extra_env: Mapping[str, str], allocation: slurm.Allocation | None = None) -> StageRun:
     launched = launch_workers(
         python, lambda dirs: worker_args(spec, stage, dirs.results, dirs.run_id), world_size=world_size,
         hosts=hosts, hostfile=spec.hostfile, timeout_s=spec.timeout_s, extra_env=extra_env, status=status,
-        prefix="mlstack-bench-", watch=lambda results: ProgressWatcher(results / PROGRESS_FILE, stage, status))
+        prefix="mlstack-bench-", watch=lambda results: ProgressWatcher(results / PROGRESS_FILE, stage, status),
+        allocation=allocation)
     ranks = read_ranks(launched.records)
     verdict, reason = judge(ranks, world_size, launched.outcome, spec.timeout_s)
     return StageRun(world_size, stage, verdict, reason, ranks, round(launched.outcome.duration_s, 3), launched.argv,

@@ -51,13 +51,16 @@ class BenchSpec:
     memory_cap: int = 0  # bytes per rank; 0: none
     hostfile: Path | None = None
     timeout_s: float = 600.0
+    slurm: bool = False  # `--slurm`: the allocation's nodes, ranks started by srun
+    node_counts: tuple[int, ...] = ()  # `--nodes 1,2` with --slurm: the first N nodes of the allocation each
 
     def to_json(self) -> dict[str, object]:
         return {"model": self.model.__dict__, "stages": list(self.stages), "world_sizes": list(self.world_sizes),
                 "steps": self.steps, "warmup": self.warmup, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
                 "precision": self.precision, "config": str(self.config) if self.config else None,
                 "memory_cap_bytes": self.memory_cap or None,
-                "hostfile": str(self.hostfile) if self.hostfile else None}
+                "hostfile": str(self.hostfile) if self.hostfile else None, "slurm": self.slurm,
+                "nodes": list(self.node_counts)}
 
 
 def parse_model(name: str) -> BenchModel:
@@ -122,3 +125,23 @@ def positive_seconds(option: str, value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"{option} {value:g}: must be a positive number of seconds", hint=f"e.g. {option} 600")
     return value
+
+
+def parse_node_counts(text: str | None, slurm: bool) -> tuple[int, ...]:
+    """`--nodes 1,2` (with --slurm): node counts for a scaling run across the allocation, ascending."""
+    if text is None:
+        return ()
+    if not slurm:
+        raise UsageError("--nodes needs --slurm", hint="inside an allocation: bench --slurm --nodes 1,2")
+    counts: list[int] = []
+    for part in text.split(","):
+        try:
+            count = int(part.strip())
+        except ValueError:
+            raise UsageError(f"--nodes {text!r}: {part.strip() or 'an empty entry'} is not a whole number",
+                             hint="e.g. --nodes 1,2") from None
+        if count < 1:
+            raise UsageError(f"--nodes {text!r}: {count} nodes cannot train", hint="e.g. --nodes 1,2")
+        if count not in counts:
+            counts.append(count)
+    return tuple(sorted(counts))

@@ -19,6 +19,7 @@ from mlstack_ds.bench.spec import (
     BenchSpec,
     default_seq_len,
     parse_model,
+    parse_node_counts,
     parse_precision,
     parse_stages,
     parse_world_sizes,
@@ -28,7 +29,9 @@ from mlstack_ds.bench.spec import (
 from mlstack_ds.cli.options import (
     BenchConfigOption,
     BenchHostfileOption,
+    BenchNodesOption,
     BenchSeqLenOption,
+    BenchSlurmOption,
     BenchTimeoutOption,
     JsonOption,
     MicroBatchOption,
@@ -59,6 +62,8 @@ def register(app: typer.Typer) -> None:
         = ",".join(DEFAULT_STAGES),
         world_size: WorldSizesOption = None,
         hostfile: BenchHostfileOption = None,
+        slurm: BenchSlurmOption = False,
+        nodes: BenchNodesOption = None,
         steps: Annotated[int, typer.Option("--steps", help="Timed steps per stage.")] = 10,
         warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps before them.")] = 2,
         micro_batch: MicroBatchOption = 2,
@@ -94,7 +99,8 @@ def register(app: typer.Typer) -> None:
             seq_len=positive("--seq-len", seq_len if seq_len is not None else default_seq_len(chosen)),
             precision=precision, config=config, config_json=config_json,
             memory_cap=parse_size("--memory-cap", memory_cap) if memory_cap is not None else 0,
-            hostfile=hostfile, timeout_s=positive_seconds("--timeout", timeout))
+            hostfile=hostfile, timeout_s=positive_seconds("--timeout", timeout), slurm=slurm,
+            node_counts=parse_node_counts(nodes, slurm))
         runs, platform = run_bench(spec, python, status=output.status)
         report = build_report(spec, runs, str(python), this_machine(platform))
         if plot is not None:

@@ -11,7 +11,14 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from mlstack_ds.cli.options import ConfigOutOption, JsonOption, MicroBatchOption, PythonOption, SeqLenOption
+from mlstack_ds.cli.options import (
+    ConfigNodesOption,
+    ConfigOutOption,
+    JsonOption,
+    MicroBatchOption,
+    PythonOption,
+    SeqLenOption,
+)
 from mlstack_ds.config.hardware import Hardware, detect_gpus, plan_hardware
 from mlstack_ds.config.model import PRESETS, resolve_model
 from mlstack_ds.config.planner import plan_config, plan_inputs
@@ -36,7 +43,7 @@ def register(app: typer.Typer) -> None:
             metavar="MODEL", help="Preset (350m, 1.3b, 6.7b, 13b) or a Hugging Face config.json path.")] = None,
         gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node (default: the detected ones).")]
         = None,
-        nodes: Annotated[int, typer.Option("--nodes", help="Nodes.")] = 1,
+        nodes: ConfigNodesOption = 1,
         micro_batch: MicroBatchOption = 1,
         seq_len: SeqLenOption = 2048,
         vram: Annotated[str | None, typer.Option(

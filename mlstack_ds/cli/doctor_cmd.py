@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
-from mlstack_ds.cli.options import DoctorConfigOption, DoctorHostfileOption, JsonOption, PythonOption, RecipeOption
+from mlstack_ds.cli.options import (
+    DoctorConfigOption,
+    DoctorHostfileOption,
+    DoctorSlurmOption,
+    JsonOption,
+    PythonOption,
+    RecipeOption,
+)
+from mlstack_ds.cluster import slurm as slurm_allocation
 from mlstack_ds.cluster.hostfile import hostfile_world_size, parse_hostfile
 from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.doctor import diagnose
-from mlstack_ds.doctor.cluster import diagnose_cluster
+from mlstack_ds.doctor.cluster import ClusterDiagnosis, diagnose_cluster, diagnose_slurm
 from mlstack_ds.doctor.logs import match_log_file
 from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.report import render_markdown
@@ -60,10 +69,15 @@ def register(app: typer.Typer) -> None:
         sys_root: SysRootOption = Path("/"),
         recipe: RecipeOption = DEFAULT_RECIPE,
         hostfile: DoctorHostfileOption = None,
+        slurm: DoctorSlurmOption = False,
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
+        slurm_allocation.refuse_with_hostfile(slurm, hostfile)
+        if slurm:
+            _doctor_slurm(python, json_output, {"--log": log, "--ds-config": ds_config, "--report": report or None})
+            return
         if hostfile is not None:
             _doctor_hostfile(hostfile, python, json_output, {"--log": log, "--ds-config": ds_config,
                                                               "--report": report or None})
@@ -93,7 +107,22 @@ def _doctor_hostfile(hostfile: Path, python: Path, json_output: bool, others: di
     hosts = parse_hostfile(hostfile)
     hostfile_world_size(hostfile, hosts)
     output = make_output(json_output)
-    diagnosis = diagnose_cluster(hostfile, hosts, python, status=output.status)
+    _emit_cluster(diagnose_cluster(hostfile, hosts, python, status=output.status), output, json_output)
+
+
+def _doctor_slurm(python: Path, json_output: bool, others: dict[str, object]) -> None:
+    """`doctor --slurm`: the allocation's nodes, through one srun step; like --hostfile, not this machine."""
+    clash = [name for name, value in others.items() if value is not None]
+    if clash:
+        raise UsageError(f"--slurm checks the allocation's nodes; {', '.join(clash)} is about this machine",
+                         hint="run doctor without --slurm for this machine (or inside a task, for that node)")
+    allocation = slurm_allocation.current(os.environ)
+    output = make_output(json_output)
+    output.status(f"Slurm job {allocation.job_id}: asking {len(allocation.nodes)} node(s) through srun")
+    _emit_cluster(diagnose_slurm(allocation, python, status=output.status), output, json_output)
+
+
+def _emit_cluster(diagnosis: ClusterDiagnosis, output: Output, json_output: bool) -> None:
     if json_output:
         output.emit_json(diagnosis.to_dict())
     else:

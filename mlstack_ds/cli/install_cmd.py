@@ -23,6 +23,7 @@ from mlstack_ds.cli.options import (
     GitCommitOption,
     GitUrlOption,
     InstallHostfileOption,
+    InstallSlurmOption,
     JobsOption,
     JsonOption,
     LockTimeoutOption,
@@ -33,10 +34,12 @@ from mlstack_ds.cli.options import (
     Sha256Option,
     SourceOption,
 )
+from mlstack_ds.cluster.slurm import refuse_with_hostfile
 from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
 from mlstack_ds.install.nodes import run_hostfile_install
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build, run_install
+from mlstack_ds.install.slurm import run_slurm_install
 from mlstack_ds.install.wheel import rollback, uninstall
 from mlstack_ds.installed.health import check_health, probe_installed
 from mlstack_ds.installed.journal import unfinished_change
@@ -89,6 +92,7 @@ def install_command(
     hostfile: InstallHostfileOption = None,
     cached_wheel: CachedWheelOption = None,
     lock_timeout: LockTimeoutOption = None,
+    slurm: InstallSlurmOption = False,
 ) -> None:
     """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
 
@@ -98,9 +102,11 @@ def install_command(
     output = make_output(json_output)
     request = _request(recipe, source, git_url, git_commit, sha256, arch, python, jobs, cache_dir, no_patches, rebuild,
                        verify=not no_verify, force=force, cached_wheel=cached_wheel, lock_timeout=lock_timeout)
-    if hostfile is not None:
+    refuse_with_hostfile(slurm, hostfile)
+    if hostfile is not None or slurm:
         if cached_wheel is not None:
-            raise UsageError("--cached-wheel is what install --hostfile passes to each node", hint="leave it out")
+            raise UsageError(f"--cached-wheel is what install {'--slurm' if slurm else '--hostfile'} passes to each "
+                             "node", hint="leave it out")
         install_across(request, hostfile, output, json_output=json_output, dry_run=dry_run)
         return
     prepared = _plan_or_dry_run(request, output, json_output=json_output, dry_run=dry_run)
@@ -288,14 +294,17 @@ def verify_failure(report: VerifyReport | None, done: str, hint: str) -> VerifyF
     return VerifyFailed(f"{done}, but {len(failed)} verify check(s) failed: {', '.join(failed)}", hint=hint)
 
 
-def install_across(request: InstallRequest, hostfile: Path, output: Output, *, json_output: bool,
+def install_across(request: InstallRequest, hostfile: Path | None, output: Output, *, json_output: bool,
                    dry_run: bool) -> None:
-    """`install --hostfile`: the plan, one status line per node, one document (or table) at the end."""
+    """`install --hostfile` (or, without a hostfile, `--slurm`): the plan, one status line per node, one
+    document (or table) at the end."""
     with _building(output) as progress:
-        outcome = run_hostfile_install(request, hostfile, output, progress, dry_run=dry_run)
+        outcome = (run_hostfile_install(request, hostfile, output, progress, dry_run=dry_run) if hostfile is not None
+                   else run_slurm_install(request, output, progress, dry_run=dry_run))
     plan, report = outcome.plan, outcome.verify
+    nodes = f"--hostfile {hostfile}" if hostfile is not None else "--slurm"
     failure = verify_failure(report, "DeepSpeed was installed on every node",
-                             f"details: mlstack-ds verify --hostfile {hostfile} --python {plan.target_python}; "
+                             f"details: mlstack-ds verify {nodes} --python {plan.target_python}; "
                              "`mlstack-ds rollback` on each node restores the previous DeepSpeed")
     if json_output:
         output.emit_json(outcome.to_json(), error=failure)

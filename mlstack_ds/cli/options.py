@@ -114,6 +114,26 @@ DoctorHostfileOption = _hostfile(
     "hostname and interfaces) and what differs between them, instead of this machine.")
 
 
+def _slurm(does: str) -> Any:
+    return Annotated[bool, typer.Option(
+        "--slurm",
+        help=f"Multi-node inside a Slurm allocation (`salloc`, an `sbatch` script): {does} The nodes and ranks "
+        "come from the allocation (SLURM_JOB_NODELIST, --ntasks-per-node or --gpus-per-node, else the GPUs "
+        "here, else 1 per node); no hostfile, ssh or pdsh. See docs/multinode.md.")]
+
+
+VerifySlurmOption = _slurm("run the suite on every allocated node, one srun task per rank.")
+InstallSlurmOption = _slurm(
+    "build once here (a login node without GPUs builds for the nodes' targets), install the same wheel on every "
+    "allocated node through srun (node-local environments each, a shared one once), all or nothing, then "
+    "verify --slurm. The wheel cache (--cache-dir) must be on a file system every node sees.")
+BenchSlurmOption = _slurm("run the stages on the allocated nodes, one srun task per rank; --nodes 1,2 "
+                         "measures scaling across them.")
+DoctorSlurmOption = _slurm(
+    "check every allocated node at once (one srun task per node: the same facts and differences as "
+    "--hostfile) and Slurm's own pitfalls (double GPU masking, one CPU per task, the rendezvous host and port).")
+
+
 def _world_size(kind: type, metavar: str | None, what: str) -> Any:
     return Annotated[kind | None, typer.Option(
         "--world-size", metavar=metavar, help=f"Ranks to launch{what} (default: the GPU count; 2 on CPU).")]
@@ -121,6 +141,16 @@ def _world_size(kind: type, metavar: str | None, what: str) -> Any:
 
 WorldSizeOption = _world_size(int, None, "")  # verify: one number
 WorldSizesOption = _world_size(str, "N[,N...]", " per run; several (1,2) measure scaling")  # bench: a list
+
+
+def _nodes(kind: type, metavar: str | None, what: str) -> Any:
+    return Annotated[kind, typer.Option("--nodes", metavar=metavar, help=f"Nodes{what}.")]
+
+
+ConfigNodesOption = _nodes(int, None, "")  # config: how many nodes to plan for
+BenchNodesOption = _nodes(
+    str | None, "N[,N...]", " (with --slurm): run on the allocation's first N nodes, each count in turn (1,2: "
+    "scaling efficiency across nodes); default every allocated node")  # bench: a list within the allocation
 
 
 def _timeout(bounds: str) -> Any:

@@ -28,8 +28,17 @@ from mlstack_ds.installed.receipt import Receipt
 SECTION = "@@MLSTACK_NODE:"
 RECEIPT_MARKER = "MLSTACK_NODE_RECEIPT:"
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# What a Slurm task sees that decides its devices and threads (`doctor --slurm`'s pitfalls).
+TASK_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+                  "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NODEID", "SLURM_PROCID")
 NODE_TIMEOUT_S = PROBE_TIMEOUT_S + 30.0  # the probe imports torch; ssh's connect and the shell part on top
 _HEREDOC_END = "MLSTACK_NODE_PROBE_END"
+
+# `python -c SNIPPET HOST PORT`: one TCP connect, as a rank connects to the rendezvous (MASTER_ADDR:PORT).
+_CONNECT_SNIPPET = ("import socket, sys\n"
+                    "try:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), 10).close()\n"
+                    "    print('ok')\n"
+                    "except OSError as exc:\n    print(type(exc).__name__ + ': ' + str(exc))\n")
 
 # Runs in the target interpreter before the probe: the receipt, read where `receipt.receipt_path` puts it.
 _RECEIPT_SNIPPET = r"""
@@ -92,6 +101,9 @@ class NodeFacts:
     python_present: bool | None = None
     target: TargetFacts | None = None
     receipt: ReceiptSummary | None = None
+    task_env: Mapping[str, str] = field(default_factory=dict)  # TASK_VARIABLES set in its Slurm task
+    rendezvous_resolved: tuple[str, ...] = ()  # what the rendezvous host's name resolves to there (Slurm)
+    port_check: str | None = None  # "ok", or why the node could not connect to the rendezvous port (Slurm)
 
     @property
     def gpu_archs(self) -> tuple[str, ...]:
@@ -126,12 +138,24 @@ class NodeFacts:
             "receipt": None if self.receipt is None else {
                 "path": self.receipt.path, "deepspeed_version": self.receipt.deepspeed_version,
                 "archs": list(self.receipt.archs), "problem": self.receipt.problem},
+            **({"task_env": dict(self.task_env), "rendezvous_resolves_to": list(self.rendezvous_resolved),
+                "rendezvous_port": self.port_check} if self.port_check is not None or self.task_env else {}),
         }
 
 
-def node_script(python: Path, tool: Path) -> str:
-    """The `sh -s` script for one node: each part after its own section line, the probe last."""
+def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = None) -> str:
+    """The `sh -s` script for one node: each part after its own section line, the probe last. With
+    `rendezvous` (host, port; `doctor --slurm`, run as a Slurm task): also the task's device and thread
+    variables, what the host resolves to there, and whether the target interpreter can connect to it."""
     py, tool_q = shlex.quote(str(python)), shlex.quote(str(tool))
+    slurm = ""
+    if rendezvous is not None:
+        host, port = shlex.quote(rendezvous[0]), int(rendezvous[1])
+        slurm = (f"echo '{SECTION}task_env'\n"
+                 + "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in TASK_VARIABLES)
+                 + f"echo '{SECTION}rendezvous'; getent ahosts {host} 2>/dev/null\n"
+                 f"echo '{SECTION}port'; if test -x {py}; then {py} -c {shlex.quote(_CONNECT_SNIPPET)} "
+                 f"{host} {port} 2>&1; fi\n")
     variables = "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in IFNAME_VARIABLES)
     return (
         f"echo '{SECTION}hostname'; hostname\n"
@@ -140,7 +164,7 @@ def node_script(python: Path, tool: Path) -> str:
         f"echo '{SECTION}env'\n{variables}"
         f"echo '{SECTION}rocm'; cat \"${{ROCM_PATH:-/opt/rocm}}/.info/version\" 2>/dev/null\n"
         f"echo '{SECTION}tool'; if test -x {tool_q}; then echo yes; else echo no; fi\n"
-        f"echo '{SECTION}python'\n"
+        f"{slurm}echo '{SECTION}python'\n"
         f"if test -x {py}; then echo yes; {py} - <<'{_HEREDOC_END}' &\n"
         f"{_RECEIPT_SNIPPET}{PROBE_SCRIPT}\n{_HEREDOC_END}\n"
         f"{_ORPHAN_WATCH}"
@@ -182,7 +206,10 @@ def parse_node_output(host: str, stdout: str, python: Path, *, interrupted: str 
         host=host, hostname=hostname, resolved=parse_getent(sections.get("resolved", [])),
         addresses=parse_ip_addr(sections.get("addresses", [])), ifname_env=_variables(sections.get("env", [])),
         rocm_version=rocm, tool_present=None if not tool else tool[0].strip() == "yes",
-        python_present=python_present, target=target, receipt=receipt)
+        python_present=python_present, target=target, receipt=receipt,
+        task_env={k: v for k, v in (ln.split("=", 1) for ln in sections.get("task_env", []) if "=" in ln) if v},
+        rendezvous_resolved=parse_getent(sections.get("rendezvous", [])),
+        port_check=next((ln.strip() for ln in sections.get("port", []) if ln.strip()), None))
 
 
 def probe_node(host: str, python: Path, tool: Path, *, env: Mapping[str, str] | None = None,

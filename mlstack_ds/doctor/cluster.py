@@ -3,9 +3,11 @@ the cross-node rules. An unreachable node is a finding, not a failure: the other
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,15 +15,25 @@ from typing import Any
 from mlstack_ds import runner
 from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry
-from mlstack_ds.cluster.nodeprobe import IFNAME_VARIABLES, NodeFacts, probe_node
+from mlstack_ds.cluster.nodeprobe import (
+    IFNAME_VARIABLES,
+    NODE_TIMEOUT_S,
+    NodeFacts,
+    node_script,
+    parse_node_output,
+    probe_node,
+)
+from mlstack_ds.cluster.slurm import Allocation
 from mlstack_ds.doctor.cluster_input import ClusterInput
 from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
+from mlstack_ds.errors import ToolTimedOut
+from mlstack_ds.launch import launcher, srun
 
 
 @dataclass(frozen=True)
 class ClusterDiagnosis:
-    hostfile: Path
+    hostfile: Path | None  # None: `--slurm`, the allocation's nodes
     input: ClusterInput
     findings: list[Finding]
 
@@ -31,7 +43,11 @@ class ClusterDiagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         inp = self.input
-        return {"hostfile": str(self.hostfile), "python": str(inp.python), "mlstack_ds_python": str(inp.tool),
+        where: dict[str, Any] = ({"hostfile": str(self.hostfile)} if self.hostfile is not None else {
+            "slurm": {"job_id": inp.job_id, "launcher": inp.launcher,
+                      "rendezvous": None if inp.rendezvous is None else
+                      {"host": inp.rendezvous[0], "port": inp.rendezvous[1], "listen_problem": inp.port_problem}}})
+        return {**where, "python": str(inp.python), "mlstack_ds_python": str(inp.tool),
                 "head": {"pdsh": inp.head_pdsh, "interface_variables": dict(inp.head_env)},
                 "nodes": [n.to_json() for n in inp.nodes], "findings": [f.to_dict() for f in self.findings]}
 
@@ -84,3 +100,63 @@ def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, to
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=str(pdsh) if pdsh else None,
                        head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)})
     return ClusterDiagnosis(hostfile, inp, run_cluster_rules(inp))
+
+
+def diagnose_slurm(allocation: Allocation, python: Path, *, tool: Path | None = None,
+                   env: Mapping[str, str] | None = None,
+                   status: Callable[[str], None] = lambda _m: None) -> ClusterDiagnosis:
+    """`doctor --slurm`: every allocated node asked at once by one srun step (one task per node, the same
+    script `--hostfile` sends over ssh, plus the task's device/thread variables, the rendezvous host's
+    resolution and a TCP connect to a port this host listens on), then the cluster and Slurm rules."""
+    environ = dict(os.environ if env is None else env)
+    tool = tool or Path(sys.executable)
+    srun_path = srun.find_srun(environ)
+    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT", "").isdigit() else launcher.free_port("0.0.0.0")
+    rendezvous = (socket.gethostname() if socket.gethostname() not in allocation.nodes else allocation.nodes[0], port)
+    hosts = allocation.hosts(1)
+    run_id = launcher.new_run_id()
+    argv = [str(srun_path), *srun.step_options(allocation, hosts, f"{run_id}-doctor", 1), "--label", "--input=all",
+            "sh", "-s"]
+    with _listening(port) as port_problem:
+        try:
+            result = srun.run_step(argv, input_text=node_script(python, tool, rendezvous), timeout_s=NODE_TIMEOUT_S * 2,
+                                         job_id=allocation.job_id, run_id=f"{run_id}-doctor", env=environ)
+            out, code = result.stdout, result.returncode
+        except ToolTimedOut:
+            out, code = "", None
+    per_task: dict[int, list[str]] = {}
+    for line in out.splitlines():
+        task, sep, rest = line.partition(": ")
+        if sep and task.strip().isdigit():
+            per_task.setdefault(int(task), []).append(rest)
+    nodes = []
+    for index, host in enumerate(allocation.nodes):
+        lines = per_task.get(index)
+        if lines is None:
+            node = NodeFacts(host, unreachable="its srun task did not answer" + (
+                f" (srun exit {code})" if code is not None else f" within {NODE_TIMEOUT_S * 2:g} s"))
+        else:
+            node = parse_node_output(host, "\n".join(lines), python)
+        status(node_status(node, python).replace("not reachable over ssh", "no answer from srun"))
+        nodes.append(node)
+    inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=None,
+                       head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)}, launcher="srun",
+                       rendezvous=rendezvous, port_problem=port_problem, job_id=allocation.job_id)
+    return ClusterDiagnosis(None, inp, run_cluster_rules(inp))
+
+
+@contextlib.contextmanager
+def _listening(port: int) -> Iterator[str | None]:
+    """A socket listening on `port` (all addresses) for the block; yields why it could not, or None. The
+    kernel completes the tasks' connects from the backlog: nothing needs to accept them."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.bind(("0.0.0.0", port))
+            sock.listen(128)
+        except OSError as exc:
+            yield exc.strerror or str(exc)
+            return
+        yield None
+    finally:
+        sock.close()

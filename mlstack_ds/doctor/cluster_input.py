@@ -21,6 +21,10 @@ class ClusterInput:
     tool: Path  # the interpreter running mlstack-ds here (install --hostfile runs it on every node)
     head_pdsh: str | None = None  # pdsh on this host (DeepSpeed's launcher starts the other nodes with it)
     head_env: Mapping[str, str] = field(default_factory=dict)  # this host's interface variables
+    launcher: str = "pdsh"  # "srun" for `doctor --slurm`: the nodes were asked through one srun step
+    rendezvous: tuple[str, int] | None = None  # --slurm: the host and port the ranks would meet at
+    port_problem: str | None = None  # --slurm: why this host could not listen on that port (in use...)
+    job_id: str | None = None  # --slurm: the allocation
 
     @property
     def reachable(self) -> tuple[NodeFacts, ...]:

@@ -18,7 +18,7 @@ from mlstack_ds.recipe import find_recipe
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
-RULE_ID_RE = re.compile(r"^MLS-(TORCH|DEV|GPU|ARCH|ENV|ROCM|BUILD|DS|SYS|NET|MN|LOG)-\d{3}$")
+RULE_ID_RE = re.compile(r"^MLS-(TORCH|DEV|GPU|ARCH|ENV|ROCM|BUILD|DS|SYS|NET|MN|SLURM|LOG)-\d{3}$")
 DOCS_PAGE = "docs/troubleshooting.md"
 
 def default_min_rocm() -> str:

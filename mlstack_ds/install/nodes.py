@@ -284,9 +284,10 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     node_args = node_install_args(effective, python, cache_root, plan.archs if plan.platform == "rocm" else (),
                                   plan.cache_key)
     groups = group_by_environment(facts, output.status)
+    ssh_ops = NodeOps(cache=lambda host: ensure_cached(host, built.wheel, cache_root),
+                      install=lambda group: install_on(group, node_args), rollback=rollback_on)
     try:
-        _install_groups(groups, results, node_args=node_args, wheel=built.wheel, cache_root=cache_root,
-                        python=python, output=output)
+        install_groups(groups, results, ops=ssh_ops, python=python, output=output)
     finally:
         remove_probes(groups)
     report = None
@@ -296,25 +297,37 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     return HostfileOutcome(plan, built.wheel, tuple(results.values()), report)
 
 
-def _install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResult], *, node_args: Sequence[str],
-                    wheel: Path, cache_root: Path, python: Path, output: Output) -> None:
+@dataclass(frozen=True)
+class NodeOps:
+    """How the install reaches a node: over ssh (`--hostfile`) or through srun (`--slurm`, install/slurm.py).
+    `cache(host)`: make the wheel's cache entry exist there ("shared" | "present" | "copied"); `install(group)`:
+    run the node's `mlstack-ds install --cached-wheel` on the group's leader; `rollback(host, python)`: undo
+    it, None when done, else why not."""
+
+    cache: Callable[[str], str]
+    install: Callable[[NodeGroup], ToolRun]
+    rollback: Callable[[str, Path], str | None]
+
+
+def install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResult], *, ops: NodeOps, python: Path,
+                   output: Output) -> None:
     """Install group by group; on the first failure roll back what this run installed and raise."""
     installed: list[str] = []
     for group in groups:
         host = group.leader.host
         result = results[host]
         try:
-            result.cache = ensure_cached(host, wheel, cache_root)
-            run = install_on(group, node_args)
+            result.cache = ops.cache(host)
+            run = ops.install(group)
         except MlstackError as exc:
             result.action, result.error = "failed", exc.message
-            _roll_back(installed, results, python, output)
-            raise _with_nodes(exc, results) from None
+            _roll_back(installed, results, python, output, ops)
+            raise with_nodes(exc, results) from None
         if not run.ok:
             result.action, result.error = "failed", run.error_message()
             output.status(f"{host}: install failed: {result.error}")
-            rolled, stuck = _roll_back(installed, results, python, output)
-            raise _with_nodes(node_failure(host, run, rolled, stuck), results)
+            rolled, stuck = _roll_back(installed, results, python, output, ops)
+            raise with_nodes(node_failure(host, run, rolled, stuck), results)
         document = run.document or {}
         result.action = str(document.get("action") or "installed")
         result.receipt = receipt_summary(document.get("receipt"))
@@ -328,13 +341,13 @@ def _install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResul
             output.status(f"{member}: {result.action} through {host} (shared environment)")
 
 
-def _roll_back(installed: Sequence[str], results: Mapping[str, NodeResult], python: Path, output: Output
-               ) -> tuple[list[str], dict[str, str]]:
+def _roll_back(installed: Sequence[str], results: Mapping[str, NodeResult], python: Path, output: Output,
+               ops: NodeOps) -> tuple[list[str], dict[str, str]]:
     rolled: list[str] = []
     stuck: dict[str, str] = {}
     for host in reversed(installed):
         output.status(f"{host}: rolling back this run's install")
-        why = rollback_on(host, python)
+        why = ops.rollback(host, python)
         if why is None:
             rolled.append(host)
             results[host].action = "rolled-back"
@@ -350,7 +363,7 @@ def _roll_back(installed: Sequence[str], results: Mapping[str, NodeResult], pyth
     return rolled, stuck
 
 
-def _with_nodes(error: MlstackError, results: Mapping[str, NodeResult]) -> MlstackError:
+def with_nodes(error: MlstackError, results: Mapping[str, NodeResult]) -> MlstackError:
     """The error, carrying every node's result for --json."""
     error.details = {**error.details, "nodes": [r.to_json() for r in results.values()]}
     return error

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.cluster.hostfile import HostEntry
-from mlstack_ds.launch import launcher, nodes
+from mlstack_ds.cluster.slurm import Allocation
+from mlstack_ds.launch import launcher, nodes, srun
 from mlstack_ds.worker import protocol
 
 Record = Mapping[str, Any]
@@ -49,7 +50,7 @@ class Launched:
     argv: tuple[str, ...]
     outcome: launcher.LaunchOutcome
     records: RankRecords
-    nodes: tuple[nodes.Node, ...] = field(default_factory=tuple)
+    nodes: tuple[nodes.Node | srun.SlurmNode, ...] = field(default_factory=tuple)
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -70,10 +71,12 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
                    hosts: Sequence[HostEntry] | None, hostfile: Path | None, timeout_s: float,
                    extra_env: Mapping[str, str] | None = None, status: Callable[[str], None] = lambda _m: None,
                    prefix: str = "mlstack-launch-",
-                   watch: Callable[[Path], AbstractContextManager[object]] | None = None) -> Launched:
+                   watch: Callable[[Path], AbstractContextManager[object]] | None = None,
+                   allocation: Allocation | None = None) -> Launched:
     """Run the worker (`worker_args(dirs)`: its module and arguments; files it needs go under `dirs.root`,
-    which reaches every node) on `world_size` ranks, or on `hosts` with a hostfile, for at most
-    `timeout_s`; `watch(results)` runs around the launch itself (bench's progress lines).
+    which reaches every node) on `world_size` ranks, or on `hosts` with a hostfile, or on `hosts` of a
+    Slurm `allocation` with srun (launch/srun.py), for at most `timeout_s`; `watch(results)` runs around the
+    launch itself (bench's progress lines).
 
     Raises what the node preparation raises (nothing has run then), LaunchInterrupted on Ctrl-C."""
     run_id = launcher.new_run_id()
@@ -83,6 +86,9 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
         staged = launcher.stage_worker(dirs.root / "code")
         args = worker_args(dirs)
         env = launcher.worker_env({**os.environ, **(extra_env or {})}, staged)
+        if allocation is not None and hosts is not None:
+            return _launch_srun(python, args, env, allocation=allocation, hosts=hosts, dirs=dirs, staged=staged,
+                                world_size=world_size, timeout_s=timeout_s, status=status, watch=watch)
         argv, node_list = nodes.launch_command(python, args, env, launch_dir=dirs.root, run_id=run_id,
                                                world_size=world_size, hosts=hosts, hostfile=hostfile, status=status)
         try:
@@ -98,3 +104,23 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
         nodes.finish(node_list, run_id, dirs.root, dirs.results, env=env)
         records = read_records(dirs.results, world_size)
     return Launched(tuple(argv), outcome, records, tuple(node_list))
+
+
+def _launch_srun(python: Path, args: Sequence[str], env: dict[str, str], *, allocation: Allocation,
+                 hosts: Sequence[HostEntry], dirs: LaunchDirs, staged: Path, world_size: int, timeout_s: float,
+                 status: Callable[[str], None],
+                 watch: Callable[[Path], AbstractContextManager[object]] | None) -> Launched:
+    """The Slurm branch: every node checked by one srun step, then one task per rank; srun.run_launch
+    returns only when no task of either step is left on any node (the launch directory is shared)."""
+    srun_path = srun.find_srun(env)
+    env.update(srun.rendezvous_env(hosts))
+    node_list = srun.check_nodes(srun_path, python, dirs.root, allocation=allocation, hosts=hosts,
+                                 run_id=dirs.run_id, env=env, status=status)
+    argv = srun.srun_argv(srun_path, python, args, allocation=allocation, hosts=hosts, run_id=dirs.run_id)
+    try:
+        with watch(dirs.results) if watch is not None else nullcontext():
+            outcome = srun.run_launch(argv, timeout_s=timeout_s, job_id=allocation.job_id, run_id=dirs.run_id,
+                                      env=env, cwd=staged)
+    except KeyboardInterrupt:
+        raise LaunchInterrupted(read_records(dirs.results, world_size)) from None
+    return Launched(tuple(argv), outcome, read_records(dirs.results, world_size), tuple(node_list))

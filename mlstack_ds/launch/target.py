@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds.cluster import hostfile
+from mlstack_ds.cluster.slurm import Allocation
 from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, UsageError
@@ -61,3 +62,16 @@ def world_sizes(probe: TargetProbe, requested: Sequence[int], hostfile_path: Pat
     if hosts is not None and hostfile_path is not None:
         return (hostfile.hostfile_world_size(hostfile_path, hosts),)
     return tuple(requested) or ((probe.gpus if probe.gpus > 0 else CPU_WORLD_SIZE),)
+
+
+def refuse_world_size_with_slurm(world_size: object | None, slurm: bool) -> None:
+    """`--world-size` and `--slurm` together are a usage error: the allocation decides."""
+    if slurm and world_size is not None:
+        raise UsageError("--world-size cannot be combined with --slurm",
+                         hint="the allocation decides: `salloc -N2 --ntasks-per-node=N` (or --gpus-per-node) "
+                         "runs N ranks on each node")
+
+
+def slurm_ranks_per_node(probe: TargetProbe, allocation: Allocation) -> int:
+    """The allocation's tasks (or GPUs) per node, else the GPUs this node's torch sees, else one."""
+    return allocation.ranks_per_node or (probe.gpus if probe.gpus > 0 else 1)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.cluster import hostfile
+from mlstack_ds.cluster import hostfile, slurm
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import Interrupted, UsageError
@@ -42,6 +43,7 @@ class VerifyOptions:
     receipt: Path | None = None  # default: the worker reads <target sys.prefix>/share/mlstack-ds/receipt.json
     target: TargetFacts | None = None  # the caller's probe of `python` with torch's facts (install's detect)
     ds_config: Mapping[str, object] | None = None  # `--config`: the user's config, already parsed by DeepSpeed
+    slurm: bool = False  # `--slurm`: the nodes of the Slurm allocation this runs in, ranks started by srun
 
 
 def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m: None) -> VerifyReport:
@@ -52,6 +54,9 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     if options.world_size is not None and options.world_size < 1:
         raise UsageError(f"--world-size {options.world_size}: must be at least 1", hint="e.g. 2")
     target.refuse_world_size_with_hostfile(options.world_size, options.hostfile)
+    slurm.refuse_with_hostfile(options.slurm, options.hostfile)
+    target.refuse_world_size_with_slurm(options.world_size, options.slurm)
+    allocation = slurm.current(os.environ) if options.slurm else None
     specs = select_checks(options.only if options.only or options.ds_config is None else CONFIG_CHECK, options.skip)
     if any(s.name == CONFIG_CHECK for s in specs) and options.ds_config is None:
         raise UsageError(f"the {CONFIG_CHECK} check needs --config FILE", hint="e.g. verify --config ds_config.json")
@@ -60,8 +65,14 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     hosts = hostfile.parse_hostfile(options.hostfile) if options.hostfile else None
 
     probe = target.require_torch(python, options.target)
-    (world_size,) = target.world_sizes(probe, (options.world_size,) if options.world_size else (),
-                                       options.hostfile, hosts)
+    if allocation is not None:
+        hosts = allocation.hosts(target.slurm_ranks_per_node(probe, allocation))
+        world_size = sum(h.slots for h in hosts)
+        status(f"Slurm job {allocation.job_id}: {len(hosts)} node(s) ({', '.join(h.host for h in hosts)}), "
+               f"{hosts[0].slots} rank(s) each")
+    else:
+        (world_size,) = target.world_sizes(probe, (options.world_size,) if options.world_size else (),
+                                           options.hostfile, hosts)
     deadline = started + options.timeout_s
     results: list[CheckResult] = []
     launches: list[LaunchRecord] = []
@@ -74,7 +85,7 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         status(f"launching {len(group)} check(s) on {world_size} rank(s): {', '.join(s.name for s in group)}")
         try:
             group_results, record = _run_group(python, group, world_size, hosts=hosts, options=options,
-                                               timeout_s=remaining, status=status)
+                                               timeout_s=remaining, status=status, allocation=allocation)
         except _InterruptedGroup as stopped:
             done = results + stopped.finished
             raise Interrupted(
@@ -88,7 +99,8 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
 
 def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
                hosts: Sequence[hostfile.HostEntry] | None, options: VerifyOptions, timeout_s: float,
-               status: Callable[[str], None]) -> tuple[list[CheckResult], LaunchRecord]:
+               status: Callable[[str], None], allocation: slurm.Allocation | None = None,
+               ) -> tuple[list[CheckResult], LaunchRecord]:
     names = [s.name for s in group]
 
     def worker_args(dirs: LaunchDirs) -> list[str]:
@@ -102,7 +114,7 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
     try:
         launched = launch_workers(python, worker_args, world_size=world_size, hosts=hosts,
                                   hostfile=options.hostfile, timeout_s=timeout_s, extra_env=options.extra_env,
-                                  status=status, prefix="mlstack-verify-")
+                                  status=status, prefix="mlstack-verify-", allocation=allocation)
     except LaunchInterrupted as stopped:  # keep the checks every rank had finished
         logs = rank_logs(stopped.records, world_size)
         finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})

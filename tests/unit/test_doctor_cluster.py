@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,21 @@ def findings(inp: ClusterInput) -> dict[str, Finding]:
 
 HEALTHY = cluster(node("n1", 1), node("n2", 2))
 
+
+def slurm_input(*nodes: NodeFacts, port_problem: str | None = None) -> ClusterInput:
+    """`doctor --slurm`'s input: the nodes asked through srun, rank 0's node n1 the rendezvous."""
+    return ClusterInput(nodes=nodes, python=PYTHON, tool=TOOL, head_pdsh=None, launcher="srun",
+                        rendezvous=("n1", 29500), port_problem=port_problem, job_id="7")
+
+
+def task(facts: NodeFacts, resolved: str = "10.0.0.1", port: str = "ok", **env: str) -> NodeFacts:
+    """`facts` as a Slurm task saw them: 8 CPUs per task unless `env` says otherwise."""
+    return replace(facts, task_env={"SLURM_CPUS_PER_TASK": "8", **env}, rendezvous_resolved=(resolved,),
+                   port_check=port)
+
+
+SLURM_HEALTHY = slurm_input(task(node("n1", 1)), task(node("n2", 2)))
+
 TRIGGERS: dict[str, Callable[[], ClusterInput]] = {
     "MLS-MN-001": lambda: cluster(node("n1", 1), NodeFacts("n3", unreachable="connect to host n3 port 22: "
                                                                              "Connection refused")),
@@ -83,6 +99,11 @@ TRIGGERS: dict[str, Callable[[], ClusterInput]] = {
                                   node("n2", 2, hip="6.2", archs=("gfx942",))),
     "MLS-NET-004": lambda: cluster(node("n1", 1), node("n2", 2, hostname="vm", resolved=())),
     "MLS-NET-005": lambda: cluster(node("n1", 1), node("n2", 2, extra=(("docker0", "172.17.0.1/16"),))),
+    "MLS-SLURM-001": lambda: slurm_input(task(node("n1", 1), ROCR_VISIBLE_DEVICES="0", HIP_VISIBLE_DEVICES="0"),
+                                         task(node("n2", 2))),
+    "MLS-SLURM-002": lambda: slurm_input(task(node("n1", 1), SLURM_CPUS_PER_TASK="1"), task(node("n2", 2))),
+    "MLS-SLURM-003": lambda: slurm_input(task(node("n1", 1)), task(node("n2", 2), resolved="127.0.1.1")),
+    "MLS-SLURM-004": lambda: slurm_input(task(node("n1", 1)), task(node("n2", 2), port="TimeoutError: timed out")),
 }
 
 
@@ -92,6 +113,18 @@ def test_every_cluster_rule_has_a_trigger() -> None:
 
 def test_identical_healthy_nodes_have_no_findings() -> None:
     assert run_cluster_rules(HEALTHY) == []
+    assert run_cluster_rules(SLURM_HEALTHY) == []  # no pdsh needed under srun either
+
+
+def test_slurm_rendezvous_on_another_network_and_omp_threads() -> None:
+    """The first node's name resolving to its address on a network the nodes do not share is an error too;
+    OMP_NUM_THREADS set means the ranks use more than one core whatever --cpus-per-task says."""
+    elsewhere = slurm_input(task(node("n1", 1, extra=(("mgmt0", "192.168.9.1/24"),)), resolved="192.168.9.1"),
+                            task(node("n2", 2), resolved="192.168.9.1"))
+    assert findings(elsewhere)["MLS-SLURM-003"].evidence.startswith(
+        "n1: n1 resolves to 192.168.9.1, not an address of n1 on the network the nodes share (10.0.0.1)")
+    threads = slurm_input(task(node("n1", 1), SLURM_CPUS_PER_TASK="1", OMP_NUM_THREADS="8"), task(node("n2", 2)))
+    assert "MLS-SLURM-002" not in findings(threads)
 
 
 @pytest.mark.parametrize("rule_id", sorted(TRIGGERS))

@@ -45,6 +45,8 @@ LOG_CASES: dict[str, str] = {
     "ds-accelerator-rejected_real-accelerator-py.txt": "MLS-ENV-005",
     "numactl-missing_captured-bind-cores-to-rank.txt": "MLS-SYS-004",
     "mpi4py-no-launcher_captured-python-script.txt": "MLS-DS-007",
+    "mpi4py-deepspeed-launcher-slurm_captured-salloc.txt": "MLS-DS-007",
+    "launcher-slurm-not-installed_captured-no-sinfo.txt": "MLS-SLURM-005",
     "eaddrinuse_captured-torchrun-master-port-29500.txt": "MLS-NET-003",
     "eaddrinuse_captured-deepspeed-launcher-default-port.txt": "MLS-NET-003",
     "terminate-without-active-exception_clients-on-cpu.txt": "MLS-LOG-010",
@@ -58,6 +60,8 @@ LOG_CASES: dict[str, str] = {
 FIRST_MATCH: dict[str, int] = {
     "numactl-missing_captured-bind-cores-to-rank.txt": 8,
     "mpi4py-no-launcher_captured-python-script.txt": 8,
+    "mpi4py-deepspeed-launcher-slurm_captured-salloc.txt": 9,
+    "launcher-slurm-not-installed_captured-no-sinfo.txt": 8,
     "eaddrinuse_captured-torchrun-master-port-29500.txt": 45,
     "eaddrinuse_captured-deepspeed-launcher-default-port.txt": 37,
     "aio-undefined-io_submit_captured-nvme-offload-prebuilt-without-libaio.txt": 51,

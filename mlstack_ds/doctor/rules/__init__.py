@@ -12,6 +12,7 @@ from mlstack_ds.doctor.rules import (
     jit_rules,
     launch_rules,
     log_rules,
+    slurm_rules,
     system_rules,
     torch_rules,
     variable_rules,
@@ -44,6 +45,7 @@ RULES: tuple[Rule, ...] = _registry(
     launch_rules.RULES,
     log_rules.RULES,
     cluster_rules.RULES,
+    slurm_rules.RULES,
 )
 
 

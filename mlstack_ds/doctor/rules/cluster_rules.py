@@ -67,7 +67,7 @@ def probe_failed(inp: ClusterInput) -> Hit | None:
 
 
 def pdsh_missing(inp: ClusterInput) -> Hit | None:
-    if inp.head_pdsh or len(inp.nodes) < 2:
+    if inp.head_pdsh or len(inp.nodes) < 2 or inp.launcher != "pdsh":
         return None
     return Hit(f"no pdsh on PATH of this host; the hostfile has {len(inp.nodes)} nodes")
 

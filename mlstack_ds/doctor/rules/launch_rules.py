@@ -45,9 +45,12 @@ RULES: tuple[Rule, ...] = (
         fix=("deepspeed --num_accelerators <N> script.py   # or: torchrun --nproc_per_node <N> script.py",
              "a single process: RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 "
              "python script.py",
-             "only when the job really is started by mpirun: pip install mpi4py"),
+             "only when the job really is started by mpirun: pip install mpi4py",
+             "under `deepspeed --launcher slurm` (its `srun -n N ... python -u script.py` sets no RANK): see "
+             "MLS-SLURM-005; inside an allocation, `mlstack-ds verify --slurm` shows the launch that works"),
         source="DeepSpeed 0.19.5 deepspeed/comm/comm.py (init_distributed, mpi_discovery); reproduced here "
-        "(tests/fixtures/doctor-logs/SOURCES.md); research note clients-on-cpu.md (launchers)",
+        "(tests/fixtures/doctor-logs/SOURCES.md: a plain script, and `deepspeed --launcher slurm` in salloc); "
+        "research note clients-on-cpu.md (launchers)",
         log_patterns=(re.compile(r"No module named 'mpi4py'"),),
     ),
     Rule(
