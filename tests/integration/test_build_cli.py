@@ -30,7 +30,7 @@ def build_host(tmp_path: Path):
                               hip_version="6.4.43482-0f2d60242", layout="opt",
                               torch=FakeTorch("2.13.0+rocm6.4", "6.4.43482-0f2d60242", WHEEL_ARCHS),
                               tree_mark=tmp_path / "nothing-is-built", user_env=env, base_environ=dict(os.environ))
-        return run_cli(*args, "--python", sys.executable, base_env=host.environ, columns=200, timeout=180)
+        return run_cli(*args, "--python", sys.executable, base_env=host.environ, columns=200)
     return run
 
 

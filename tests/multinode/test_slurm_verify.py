@@ -95,12 +95,14 @@ def test_a_hanging_rank_times_out_and_leaves_nothing_on_either_node(slurm: Slurm
     assert_nothing_left(slurm)
 
 
-def _hanging_verify(slurm: SlurmCluster, target_venv: TargetVenv) -> subprocess.Popen[str]:
-    """`salloc -N2 -- verify --slurm` with rank 1 hanging in its check, started once rank 1 runs on node b."""
+def _hanging_verify(slurm: SlurmCluster, target_venv: TargetVenv, *salloc_options: str) -> subprocess.Popen[str]:
+    """`salloc -N2 OPTIONS -- verify --slurm` with rank 1 hanging in its check, started once rank 1 runs on
+    node b. verify's own time-out (900 s) is far beyond what the tests wait for, so only they stop it."""
     env = cli_env(MLSTACK_VERIFY_TEST_FAULT="hang:rank1:environment")
-    proc = slurm.popen_in(slurm.login, ["salloc", "-N2", "--quiet", "--",
+    proc = slurm.popen_in(slurm.login, ["salloc", "-N2", "--quiet", *salloc_options, "--",
                                         *cli_argv("verify", "--slurm", "--python", target_venv.python,
-                                                  "--only", "environment", "--json")], env=env)
+                                                  "--only", "environment", "--timeout", "900", "--json")],
+                          env=env)
     deadline = time.monotonic() + 300
     while not any(_is_worker(pid) for pid in slurm.processes(slurm.nodes[1])):
         assert proc.poll() is None, proc.communicate()
@@ -134,6 +136,20 @@ def test_scancel_of_the_job_leaves_nothing_on_either_node(slurm: SlurmCluster, t
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert_nothing_left(slurm)
+
+
+def test_the_jobs_time_limit_leaves_nothing_on_either_node(slurm: SlurmCluster, target_venv: TargetVenv) -> None:
+    """A job that reaches its time limit (`salloc --time=1`, one minute) mid-verify: Slurm revokes the
+    allocation, signals salloc's command and kills the steps; neither the CLI, nor a rank, nor a step is left."""
+    proc = _hanging_verify(slurm, target_venv, "--time=1")
+    try:
+        out, err = proc.communicate(timeout=600)  # the limit plus slurmctld's check period and KillWait
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(proc.returncode, out[-2000:], err[-2000:])
+    assert_nothing_left(slurm)
+    assert not [pid for pid in slurm.processes(slurm.login) if _is_cli(pid)]
 
 
 def _cmdline(pid: int) -> bytes:

@@ -105,8 +105,10 @@ class FakeMachine:
         keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")}
         return {**keep, "PATH": str(self.bin), "COLUMNS": "200", **self.extra_env}
 
-    def run_cli(self, *args: str, timeout: float = 120) -> CliResult:
-        """The CLI run on this machine: only its environment (`environ()`)."""
+    def run_cli(self, *args: str, timeout: float = 600) -> CliResult:
+        """The CLI run on this machine: only its environment (`environ()`). `timeout` only guards against a
+        hang: it stays above the CLI's own limits (a target's torch import may take 180 s), so that a busy
+        machine is not a failure (`config --hf` took over 120 s at a load of 27 and was killed here)."""
         return run_cli(*args, base_env=self.environ(), timeout=timeout)
 
     def detect_json(self, *args: str) -> dict:
