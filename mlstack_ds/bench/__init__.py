@@ -2,6 +2,8 @@
 
 `spec` (what is run: model shape, stages, world sizes, steps), `run` (one launch per world size and
 stage, through verify's launcher code, of the worker's `bench` entry in the target interpreter), `report`
-(statistics, scaling, the comparison with the stored reference), `reference` (the AMD guide's numbers
-as data with their source), `plot` (the optional PNG). Nothing here imports torch or DeepSpeed.
+(statistics, scaling, the guide's cells beside the measured ones), `guide` (the AMD guide's tables as data,
+every cell as printed), `physics` and `peaks` (the ZeRO memory and FLOP formulas, AMD GPUs' peak rates with
+sources), `verdicts` (a computed verdict on every guide cell), `reference` (when a run may stand beside the
+guide), `reference_view` (`--reference`'s tables), `plot` (the optional PNG). Nothing here imports torch or DeepSpeed.
 """

@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlstack_ds.bench.reference import Machine, compare, load_reference
+from mlstack_ds.bench.guide import load_guide
+from mlstack_ds.bench.reference import Machine, compare, compare_scaling
 from mlstack_ds.bench.run import StageRun, stage_label
 from mlstack_ds.bench.spec import BenchSpec
+from mlstack_ds.bench.verdicts import judge_guide
 from mlstack_ds.console import print_records
 
 SCHEMA = 1
@@ -87,10 +89,14 @@ def build_report(spec: BenchSpec, runs: Sequence[StageRun], python: str, machine
         by_size.setdefault(n.world_size, {})[n.stage] = {
             "samples_per_s": n.samples_per_s["median"] if n.samples_per_s else None,
             "peak_memory_gb_per_gpu": peak / 1e9 if peak is not None and n.peak_memory_kind == "accelerator" else None}
-    reference = load_reference()
-    comparisons = [compare(reference, machine, spec.model.name, size, measured) for size, measured in by_size.items()]
+    guide = load_guide()
+    verdicts = judge_guide(guide)
+    comparisons = [compare(guide, verdicts, machine, spec.model.name, world_size=size, measured=measured)
+                   for size, measured in by_size.items()]
+    scaled = scaling(numbers)
     return {"schema": SCHEMA, "python": python, "machine": machine.__dict__, "spec": spec.to_json(),
-            "runs": [n.to_json() for n in numbers], "scaling": scaling(numbers), "comparison": comparisons,
+            "runs": [n.to_json() for n in numbers], "scaling": scaled, "comparison": comparisons,
+            "scaling_reference": compare_scaling(guide, verdicts, scaled),
             "ok": all(n.status in ("ok", "oom") for n in numbers)}
 
 
@@ -98,10 +104,24 @@ def _gb(value: int | None) -> str:
     return "-" if value is None else f"{value / 1e9:.2f}"
 
 
+def _guide_cells(report: dict[str, Any]) -> dict[tuple[int, str, str], dict[str, Any]]:
+    """(world size, stage, metric) -> the guide's row, where the run is comparable with the guide."""
+    return {(c["world_size"], row["stage"], row["metric"]): row for c in report["comparison"] if c["comparable"]
+            for row in c["rows"]}
+
+
+def _beside(row: dict[str, Any] | None) -> str:
+    return "-" if row is None else f"{row['reference']} ({row['verdict']})"
+
+
 def render(report: dict[str, Any], console: Any) -> None:
     memory_column = "peak GB/rank" if any(r["peak_memory_kind"] == "accelerator" for r in report["runs"]) \
         else "peak RSS GB/rank"
+    guide = _guide_cells(report)
     columns = ["stage", "ranks", "samples/s (min-max)", "tokens/s", "model TFLOP/s", memory_column, "tensors GB/rank"]
+    if guide:
+        columns[3:3] = ["guide samples/s"]
+        columns.append("guide GB/GPU")
     rows = []
     for run in report["runs"]:
         rate = run["samples_per_s"]
@@ -109,25 +129,43 @@ def render(report: dict[str, Any], console: Any) -> None:
         live = [p for p in run["live_tensor_bytes"] if p is not None]
         shown = ("OOM" if run["status"] == "oom" else "FAILED" if rate is None
                  else f"{rate['median']:.2f} ({rate['min']:.2f}-{rate['max']:.2f})")
-        rows.append([stage_label(run["stage"]), str(run["world_size"]), shown,
-                     "-" if run["tokens_per_s"] is None else f"{run['tokens_per_s']:.0f}",
-                     "-" if run["model_tflops_per_s"] is None else f"{run['model_tflops_per_s']:.4f}",
-                     _gb(max(peaks)) if peaks else "-", _gb(max(live)) if live else "-"])
+        row = [stage_label(run["stage"]), str(run["world_size"]), shown,
+               "-" if run["tokens_per_s"] is None else f"{run['tokens_per_s']:.0f}",
+               "-" if run["model_tflops_per_s"] is None else f"{run['model_tflops_per_s']:.4f}",
+               _gb(max(peaks)) if peaks else "-", _gb(max(live)) if live else "-"]
+        if guide:
+            key = (run["world_size"], run["stage"])
+            row[3:3] = [_beside(guide.get((*key, "samples_per_s")))]
+            row.append(_beside(guide.get((*key, "peak_memory_gb_per_gpu"))))
+        rows.append(row)
     spec = report["spec"]
     print_records(console, columns, rows, title=f"bench: {spec['model']['name']}, micro-batch "
                   f"{spec['micro_batch']}, sequence {spec['seq_len']}, {spec['steps']} timed steps")
-    notes = [f"{stage_label(run['stage'])} on {run['world_size']} rank(s): {run['reason']}"
+    for note in notes(report):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    """What the table cannot hold: failures, scaling against the guide's, and every guide cell's verdict."""
+    found = [f"{stage_label(run['stage'])} on {run['world_size']} rank(s): {run['reason']}"
              for run in report["runs"] if run["status"] != "ok"]
-    notes += [f"scaling {stage_label(row['stage'])}: {row['world_size']} ranks at {row['efficiency']:.0%} of linear "
-              f"from {row['baseline_world_size']}" for row in report["scaling"]
-              if row["world_size"] != row["baseline_world_size"]]
+    guide_scaling = {(r["stage"], r["world_size"]): r for r in report.get("scaling_reference", [])}
+    for row in report["scaling"]:
+        if row["world_size"] == row["baseline_world_size"]:
+            continue
+        line = (f"scaling {stage_label(row['stage'])}: {row['world_size']} ranks at {row['efficiency']:.0%} of linear "
+                f"from {row['baseline_world_size']}")
+        theirs = guide_scaling.get((row["stage"], row["world_size"]))
+        if theirs is not None:
+            line += (f"; the guide's {theirs['reference']} would be {theirs['implied_samples_per_s']:.2f} samples/s "
+                     f"from this baseline, {theirs['measured_samples_per_s']:.2f} measured (guide's cell: "
+                     f"{theirs['verdict']})")
+        found.append(line)
     for comparison in report["comparison"]:
         source = comparison["source"]
-        if comparison["comparable"]:
-            notes += [f"reference ({source['hardware']}, {row['quoted_in']}): {row['metric']} {row['reference']} vs "
-                      f"measured {row['measured']}" for row in comparison["rows"]]
-        else:
-            notes.append(f"not comparable with the guide's tables ({source['hardware']}, ROCm {source['rocm']}, "
+        if not comparison["comparable"]:
+            found.append(f"not comparable with the guide's tables ({source['hardware']}, ROCm {source['rocm']}, "
                          f"torch {source['torch']}): {'; '.join(comparison['differences'])}")
-    for note in notes:
-        console.print(note, markup=False, highlight=False, soft_wrap=True)
+        found += [f"guide {row['id']} = {row['reference']}: {row['verdict_text']}: {row['reason']}"
+                  for row in comparison["rows"]]
+    return found

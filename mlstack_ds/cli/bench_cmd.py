@@ -11,6 +11,7 @@ import typer
 from mlstack_ds.bench.config import checked_base_config
 from mlstack_ds.bench.plot import require_plotting, write_plot
 from mlstack_ds.bench.reference import this_machine
+from mlstack_ds.bench.reference_view import render_reference
 from mlstack_ds.bench.report import build_report, render
 from mlstack_ds.bench.run import run_bench
 from mlstack_ds.bench.spec import (
@@ -26,6 +27,7 @@ from mlstack_ds.bench.spec import (
     positive,
     positive_seconds,
 )
+from mlstack_ds.bench.verdicts import reference_document
 from mlstack_ds.cli.options import (
     BenchConfigOption,
     BenchHostfileOption,
@@ -40,7 +42,7 @@ from mlstack_ds.cli.options import (
 )
 from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.console import make_output
-from mlstack_ds.errors import BenchFailed
+from mlstack_ds.errors import BenchFailed, UsageError
 from mlstack_ds.launch.target import refuse_world_size_with_hostfile
 
 BENCH_HELP = (
@@ -48,7 +50,8 @@ BENCH_HELP = (
     "model under plain DDP and each ZeRO stage, on this machine, with the installed DeepSpeed's prebuilt ops "
     "only (a JIT compile fails the stage). Out of memory is a result (OOM), not a failure. Several world "
     "sizes (--world-size 1,2) give scaling efficiency. The guide's numbers are shown beside only where the "
-    f"hardware and model match. Models: {', '.join(MODELS)}. Exit code 10 if a stage failed. See "
+    f"hardware and model match, each with its verdict. --reference prints the guide's tables with a physics "
+    f"verdict on every cell and runs nothing. Models: {', '.join(MODELS)}. Exit code 10 if a stage failed. See "
     "docs/benchmarks.md."
 )
 
@@ -80,10 +83,22 @@ def register(app: typer.Typer) -> None:
         plot: Annotated[Path | None, typer.Option(
             "--plot", metavar="FILE.png", help="Also draw throughput, memory and scaling (needs mlstack-ds[plot]).")]
         = None,
+        reference: Annotated[bool, typer.Option(
+            "--reference", help="Run nothing: print the AMD guide's throughput, memory and scaling tables with a "
+            "verdict on every cell, computed from the ZeRO memory formulas and the GPUs' peak FLOP/s.")] = False,
         json_output: JsonOption = False,
         python: PythonOption = None,
     ) -> None:
         output = make_output(json_output)
+        if reference:
+            refuse_run_options(world_size=world_size, hostfile=hostfile, slurm=slurm, nodes=nodes, seq_len=seq_len,
+                               config=config, memory_cap=memory_cap, plot=plot)
+            document = reference_document()
+            if json_output:
+                output.emit_json(document)
+            else:
+                render_reference(document, output.out)
+            return
         chosen = parse_model(model)
         parse_precision(precision)
         refuse_world_size_with_hostfile(world_size, hostfile)
@@ -117,3 +132,11 @@ def register(app: typer.Typer) -> None:
             render(report, output.out)
         if failure is not None:
             raise failure
+
+
+def refuse_run_options(**given: object) -> None:
+    """`--reference` runs nothing: an option that only shapes a run is a mistake, not something to ignore."""
+    named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value not in (None, False)]
+    if named:
+        raise UsageError(f"--reference runs nothing, so {', '.join(named)} would do nothing",
+                         hint="drop them, or drop --reference to measure this machine")

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from mlstack_ds.bench.verdicts import guide_departure
 from mlstack_ds.cli.options import (
     ConfigNodesOption,
     ConfigOutOption,
@@ -73,7 +74,8 @@ def register(app: typer.Typer) -> None:
         output.status(_inputs_line(plan_inputs(hardware, micro_batch=micro_batch, seq_len=seq_len, hf=hf)))
         output.status(f"asking DeepSpeed in {escape(str(python))} for its estimates and its verdict ...")
         planned = plan_config(shape, hardware, python, micro_batch=micro_batch, seq_len=seq_len, hf=hf,
-                              on_refusal=lambda refusal: _explain_refusal(output, refusal) if explain else None)
+                              on_refusal=lambda refusal: _explain_refusal(output, refusal, shape.name)
+                              if explain else None)
         plan, answer, checked = planned.plan, planned.answer, planned.validation
         if explain:
             _explain(output, plan, shape.name, hardware, answer.deepspeed, checked.hf)
@@ -119,18 +121,24 @@ def _explain(output: Output, plan: Plan, model: str, hardware: Hardware, deepspe
         err.print(f"    {c.label}: {gib(c.gpu)} GPU, {gib(c.cpu)} RAM: {mark}")
     for note in plan.notes:
         err.print(f"  note: {escape(note)}")
+    chosen = plan.chosen
+    for line in guide_departure(model, chosen.stage, chosen.offload_optimizer, chosen.offload_param):
+        err.print(f"  departs from the guide: {escape(line)}")
     if hf_note:
         err.print(f"  --hf: {escape(hf_note)}")
 
 
-def _explain_refusal(output: Output, refusal: ConfigDoesNotFit) -> None:
-    """--explain on a refusal: every placement's numbers, before the error line."""
+def _explain_refusal(output: Output, refusal: ConfigDoesNotFit, model: str) -> None:
+    """--explain on a refusal: every placement's numbers, and the guide's cell it departs from, before the
+    error line."""
     output.err.print("  placements (per GPU; host RAM per node):")
     for c in refusal.details.get("candidates", []):  # type: ignore[union-attr]
         offload = ("optimizer and parameters offloaded" if c["offload_param"]
                    else "optimizer offloaded" if c["offload_optimizer"] else "no offload")
         output.err.print(f"    ZeRO-{c['stage']}, {offload}: {gib(c['gpu_bytes'])} GPU of {gib(c['gpu_limit_bytes'])} "
                          f"usable, {gib(c['cpu_bytes'])} RAM: does not fit")
+    for line in guide_departure(model, None, False, False):
+        output.err.print(f"  departs from the guide: {escape(line)}")
 
 
 def _write(path: Path, text: str) -> None:

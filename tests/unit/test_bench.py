@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from mlstack_ds.bench.reference import Machine, compare, load_reference
-from mlstack_ds.bench.report import scaling, stage_numbers
+from mlstack_ds.bench.guide import load_guide
+from mlstack_ds.bench.reference import Machine, compare
+from mlstack_ds.bench.report import build_report, render, scaling, stage_numbers
 from mlstack_ds.bench.run import StageRun, judge
 from mlstack_ds.bench.spec import TINY, BenchSpec, parse_stages, parse_world_sizes
+from mlstack_ds.bench.verdicts import judge_guide
 from mlstack_ds.errors import UsageError
 from mlstack_ds.launch.launcher import LaunchOutcome
 
@@ -51,16 +53,49 @@ def test_throughput_is_the_median_step_with_its_spread_and_scaling_per_rank() ->
     assert oom.samples_per_s is None and scaling([oom]) == []
 
 
-def test_the_reference_is_compared_only_on_its_own_hardware_and_model() -> None:
-    reference = load_reference()
-    assert reference.source["hardware"] == "2x Radeon RX 7900 XTX" and reference.entries
+def test_the_guides_cells_stand_beside_a_run_only_on_its_own_hardware_and_model() -> None:
+    guide, verdicts = load_guide(), judge_guide()
+    assert guide.source["hardware"] == "2x AMD Radeon RX 7900 XTX"
     measured = {"3": {"peak_memory_gb_per_gpu": 23.0}}
-    same = compare(reference, Machine("gpu", "gfx1100", 24.0), "13b", 2, measured)
-    assert same["comparable"] is True and same["rows"][0]["reference"] == 24.8
-    assert same["rows"][0]["measured"] == 23.0 and "physics disagrees" in same["rows"][0]["caveat"]
-    cpu = compare(reference, Machine("cpu", None, None), "tiny", 2, measured)
+    same = compare(guide, verdicts, Machine("gpu", "gfx1100", 24.0), "13b", world_size=2, measured=measured)
+    memory = next(r for r in same["rows"] if r["id"] == "memory/13B/DeepSpeed ZeRO-3")
+    assert same["comparable"] is True and memory["reference"] == "24.8" and memory["measured"] == 23.0
+    assert memory["verdict"] == "impossible" and "102.8 GB of model states" in memory["reason"]
+    assert {r["id"] for r in same["rows"]} == {f"{t}/13B/{c}" for t in ("throughput", "memory")
+                                             for c in ("Standard PyTorch", "DeepSpeed ZeRO-2", "DeepSpeed ZeRO-3")}
+    cpu = compare(guide, verdicts, Machine("cpu", None, None), "tiny", world_size=2, measured=measured)
     assert cpu["comparable"] is False and cpu["rows"] == []
     assert cpu["differences"][0].startswith("this run is on CPU")
-    other_card = compare(reference, Machine("gpu", "gfx90a", 64.0), "13b", 2, measured)
-    assert other_card["differences"] == ["GPU target gfx90a, the reference's is gfx1100"]
-    assert other_card["rows"][0]["measured"] is None  # never a ratio across different hardware
+    other_card = compare(guide, verdicts, Machine("gpu", "gfx90a", 64.0), "13b", world_size=2, measured=measured)
+    assert other_card["differences"] == ["GPU target gfx90a, the guide's is gfx1100"]
+    assert all(r["measured"] is None and r["verdict"] for r in other_card["rows"])  # no ratio across hardware
+
+
+def gpu_rank(times: list[float], samples: int, peak: int) -> dict:
+    return {**ok_rank(times, samples), "peak_accelerator_bytes": peak, "precision": "bf16"}
+
+
+def test_a_saved_350m_run_on_the_guides_hardware_shows_the_guides_cells_and_verdicts(tmp_path) -> None:
+    """A real run's result (as run.py returns it), reported: the guide's cell beside each measured one."""
+    from rich.console import Console
+
+    from mlstack_ds.bench.spec import MODELS
+
+    spec = BenchSpec(model=MODELS["350m"], stages=("ddp", "2"), world_sizes=(1, 2), steps=3, warmup=1,
+                     micro_batch=16, seq_len=512)
+    runs = [StageRun(size, stage, "ok", "", {rank: gpu_rank([1.0] * 3, 16 * size, 6 * 10**9) for rank in range(size)},
+                     9.0) for size in (1, 2) for stage in ("ddp", "2")]  # 16 samples per rank and step
+    report = build_report(spec, runs, "python", Machine("gpu", "gfx1100", 24.0))
+    two = next(c for c in report["comparison"] if c["world_size"] == 2)
+    assert two["comparable"] is True
+    zero2 = next(r for r in two["rows"] if r["id"] == "throughput/350M/DeepSpeed ZeRO-2")
+    assert zero2["measured"] == 32.0 and zero2["reference"] == "168.7" and zero2["verdict"] == "short-sequences-only"
+    (scaled,) = [r for r in report["scaling_reference"] if r["stage"] == "2"]
+    assert scaled["reference"] == "98%" and scaled["implied_samples_per_s"] == pytest.approx(16 * 2 * 0.98)
+    out = tmp_path / "report.txt"
+    with out.open("w") as stream:
+        render(report, Console(file=stream, width=400, force_terminal=False))
+    text = out.read_text()
+    assert "guide samples/s" in text and "168.7 (short-sequences-only)" in text
+    assert "5.7 (consistent)" in text  # ZeRO-2 memory, 5.7 GB, beside the measured 6.00 GB
+    assert "the guide's 98% would be 31.36 samples/s from this baseline, 32.00 measured" in text
