@@ -184,24 +184,27 @@ def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: 
     child starts: CPython runs their handler as `_fork_exec` returns, before Popen has stored the child's
     pid, so the child ran on unseen (measured: 29 of 40 signals sent by a starting child landed there).
     """
-    with _interrupts_held() as held:
-        proc: subprocess.Popen[str] = subprocess.Popen.__new__(subprocess.Popen)
-        try:
-            proc.__init__(  # type: ignore[misc]
-                args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
-                cwd=cwd, text=True, errors="replace", start_new_session=True, bufsize=1 if line_buffered else -1,
-                pass_fds=tuple(pass_fds),
-            )
-        except FileNotFoundError as exc:
-            raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
-        except OSError as exc:
-            raise ToolError(f"{args[0]}: cannot start ({exc.strerror or exc})") from exc
-        except BaseException:
-            _kill_unreturned(getattr(proc, "pid", None))
-            raise
-        if held:  # the caller is being stopped: it never gets this child, so the child goes now
-            _kill_unreturned(proc.pid)
-    return proc  # a held signal was raised on leaving the block, after the kill
+    proc: subprocess.Popen[str] = subprocess.Popen.__new__(subprocess.Popen)
+    try:
+        with _interrupts_held() as held:
+            try:
+                proc.__init__(  # type: ignore[misc]
+                    args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
+                    cwd=cwd, text=True, errors="replace", start_new_session=True,
+                    bufsize=1 if line_buffered else -1, pass_fds=tuple(pass_fds),
+                )
+            except FileNotFoundError as exc:
+                raise ToolMissing(f"{args[0]}: not found", hint="install it or put it on PATH") from exc
+            except OSError as exc:
+                raise ToolError(f"{args[0]}: cannot start ({exc.strerror or exc})") from exc
+            if held:  # the caller is being stopped: it never gets this child, so the child goes now
+                _kill_unreturned(proc.pid)
+    except BaseException:
+        # Whatever leaves here leaves without the child: a held stop raised on leaving the block, a start
+        # error, or a stop that arrives while the handlers are put back (the restored handler raises it there).
+        _kill_unreturned(getattr(proc, "pid", None))
+        raise
+    return proc
 
 
 def _kill_unreturned(pid: int | None) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from support.cli import CliResult, run_cli, start_cli
+from support.e2e import still_there_after
 
 from mlstack_ds.launch import launcher
 from mlstack_ds.verify.suite import VerifyOptions
@@ -163,7 +164,7 @@ def test_a_hanging_rank_times_out_and_leaves_no_process(target_venv) -> None:
     assert "timed out after 45 s (while running it)" in checks["zero1"]["reason"]
     assert checks["zero2"]["status"] == "fail" and "timed out after 45 s" in checks["zero2"]["reason"]
     assert report["launches"][0]["timed_out"] is True
-    assert leftover_processes(marker) == []
+    assert still_there_after(lambda: leftover_processes(marker)) == []
 
 
 def test_a_crashing_rank_fails_its_check_and_leaves_no_process(target_venv) -> None:
@@ -181,7 +182,7 @@ def test_a_crashing_rank_fails_its_check_and_leaves_no_process(target_venv) -> N
         checks["zero1"]["reason"])
     assert checks["zero2"]["status"] == "fail"
     assert report["launches"][0]["timed_out"] is False
-    assert leftover_processes(marker) == []
+    assert still_there_after(lambda: leftover_processes(marker)) == []
 
 
 def write_receipt(path: Path, **overrides: Any) -> Path:

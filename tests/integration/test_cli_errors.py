@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_cli, start_cli
+from support.e2e import still_there_after
 
 from mlstack_ds import __version__
 
@@ -88,9 +89,11 @@ def test_ctrl_c_stops_a_command_at_once_and_kills_its_probe(tmp_path: Path, comm
     assert proc.returncode == 130
     error, hint = stderr.strip().splitlines()[-2:]
     assert error == "error: interrupted" and hint.startswith("hint: ") and "Traceback" not in stderr
-    assert not Path(f"/proc/{probe_pid}").exists(), "the hanging probe was left running"
-    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(hanging_python).encode()
-                in _cmdline(p)], "a hanging probe was left running"
+    assert not still_there_after(lambda: [probe_pid] if Path(f"/proc/{probe_pid}").exists() else []), \
+        "the hanging probe was left running"
+    assert not still_there_after(lambda: [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                                          and str(hanging_python).encode() in _cmdline(p)]), \
+        "a hanging probe was left running"
 
 
 def _stop_and_show(proc: subprocess.Popen[str]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_cli
+from support.e2e import still_there_after
 
 from mlstack_ds.errors import ExitCode, FetchError, UsageError
 from mlstack_ds.recipe import find_recipe
@@ -123,7 +124,8 @@ def test_a_git_server_that_never_answers_is_stopped_and_killed(tmp_path: Path) -
     finally:
         server.close()
     assert time.monotonic() - started < 120  # the time-out and the kill, not a hang
-    leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit() and url.encode() in _cmdline(p)]
+    leftover = still_there_after(lambda: [p for p in Path("/proc").iterdir()
+                                          if p.name.isdigit() and url.encode() in _cmdline(p)])
     assert leftover == [], "a git process was left running"
     assert list((cache / "tmp").iterdir()) == []
 

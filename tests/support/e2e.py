@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .cli import CliResult, run_cli
+
+T = TypeVar("T")
 
 # Loads each prebuilt op the way DeepSpeed does at first use (builder.load()), with JIT made impossible:
 # a missing prebuilt op would try to compile into TORCH_EXTENSIONS_DIR, which is a file here.
@@ -41,6 +46,18 @@ class Target:
         result = self.cli("status", "--python", self.python, "--json")
         assert result.returncode == 0, result.stderr
         return result.json
+
+
+def still_there_after(find: Callable[[], list[T]], seconds: float = 60) -> list[T]:
+    """What `find` (processes that must be gone) still returns after up to `seconds`. A process killed just
+    now stays in /proc, SIGKILL pending, until it gets a CPU to exit on: seconds on a loaded machine (seen at
+    a load of 20). Something left running is still there after the wait; the tests' hangs last minutes."""
+    deadline = time.monotonic() + seconds
+    found = find()
+    while found and time.monotonic() < deadline:
+        time.sleep(0.5)
+        found = find()
+    return found
 
 
 def processes_mentioning(marker: str) -> list[int]:
