@@ -10,7 +10,8 @@
 # stress-ng then adds only the memory and I/O workers (MLSTACK_STRESS overrides that too).
 # Each run is started the way issue 28's run was: as a background job of this non-interactive shell, so
 # it begins with SIGINT ignored (bash's rule for `&` jobs); the Ctrl-C tests must pass that way too.
-# Logs: .cache/test/under-load/run-K.log and summary.txt. Exit 0 only if every run passed.
+# Logs: .cache/test/under-load/run-K.log, run-K.failures (each failure as it happens) and summary.txt.
+# Exit 0 only if every run passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -84,9 +85,10 @@ if $parallel; then
   start_stress
   started=$(date +%s)
   for ((k = 1; k <= runs; k++)); do
-    rm -rf "$logs/clone-$k"
+    rm -rf "$logs/clone-$k" "$logs/run-$k.failures"
     git clone -q "$PWD" "$logs/clone-$k"
-    setsid bash "$logs/clone-$k/scripts/test.sh" "$@" >"$logs/run-$k.log" 2>&1 &
+    MLSTACK_TEST_FAILURES_LOG=$logs/run-$k.failures setsid bash "$logs/clone-$k/scripts/test.sh" "$@" \
+      >"$logs/run-$k.log" 2>&1 &
     suite_pids+=($!)
   done
   for ((k = 1; k <= runs; k++)); do
@@ -103,7 +105,8 @@ else
     start_stress
     started=$(date +%s)
     set +e
-    setsid bash scripts/test.sh "$@" >"$logs/run-$k.log" 2>&1 &
+    rm -f "$logs/run-$k.failures"
+    MLSTACK_TEST_FAILURES_LOG=$logs/run-$k.failures setsid bash scripts/test.sh "$@" >"$logs/run-$k.log" 2>&1 &
     suite_pids=($!)
     wait "${suite_pids[0]}"
     rc=$?

@@ -89,6 +89,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = others + default_pin + next_pin
 
 
+FAILURES_LOG_ENV = "MLSTACK_TEST_FAILURES_LOG"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With MLSTACK_TEST_FAILURES_LOG set, each failure's report is appended to that file as it happens: a
+    suite under load runs for hours and may be stopped, and pytest prints the failures only at its end."""
+    log = os.environ.get(FAILURES_LOG_ENV)
+    if log and report.failed:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")
+
+
 REUSED_TARGET_ENV = "MLSTACK_TEST_TARGET_VENV"
 
 
