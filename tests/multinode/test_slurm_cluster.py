@@ -143,8 +143,8 @@ def test_how_a_step_is_stopped(slurm: SlurmCluster, tmp_path: Path, stop: str, r
         sys.stderr.write(f"\n[slurm] {stop}: tasks got {received}, all gone after {gone:.1f} s\n")
         # sorted: Python runs the handlers of signals pending together in signal-number order (TERM before CONT)
         assert [sorted(f.read_text().split()[1:]) for f in sorted(tmp_path.iterdir())] == [received, received]
-        if waits_kill_wait:
-            assert gone >= slurm.kill_wait
+        if waits_kill_wait:  # Slurm counts KillWait in whole seconds: SIGKILL came 4.73 s after a cancel with 5
+            assert gone >= slurm.kill_wait - 1
     finally:
         if srun.poll() is None:
             srun.kill()

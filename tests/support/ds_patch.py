@@ -67,9 +67,14 @@ result = hipify_python.hipify(project_directory=root, output_directory=root, inc
 """
 
 
+# A guard against a hang only, not a speed limit: on a machine out of memory (the OOM killer at work beside
+# a suite under load) a compile of one probe stalled for minutes, past the 180 s this once was.
+HANG_GUARD_S = 900
+
+
 def hipify(root: Path, sources: Sequence[Path]) -> None:
     """Hipify `sources` and the headers they include under `root` in place, with torch's real hipify."""
-    result = run([sys.executable, "-c", HIPIFY, str(root), *map(str, sources)], timeout=120)
+    result = run([sys.executable, "-c", HIPIFY, str(root), *map(str, sources)], timeout=HANG_GUARD_S)
     assert result.ok, result.tail()
 
 
@@ -80,4 +85,4 @@ def hipcc_device_syntax_check(source: Path, arch: str, *, defines: Sequence[str]
     argv = [HIPCC, f"--offload-arch={arch}", "-nogpulib", "--cuda-device-only", "-fsyntax-only",
             "-std=c++17", "-D__HIP_PLATFORM_AMD__=1", *(f"-D{d}" for d in defines),
             *(f"-I{d}" for d in include_dirs), *extra_args, str(source)]
-    return run(argv, env={**os.environ, "HIP_PLATFORM": "amd"}, timeout=180)
+    return run(argv, env={**os.environ, "HIP_PLATFORM": "amd"}, timeout=HANG_GUARD_S)
