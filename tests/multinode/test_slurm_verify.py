@@ -139,15 +139,18 @@ def test_scancel_of_the_job_leaves_nothing_on_either_node(slurm: SlurmCluster, t
 
 
 def test_the_jobs_time_limit_leaves_nothing_on_either_node(slurm: SlurmCluster, target_venv: TargetVenv) -> None:
-    """A job that reaches its time limit (`salloc --time=1`, one minute) mid-verify: Slurm revokes the
-    allocation, signals salloc's command and kills the steps; neither the CLI, nor a rank, nor a step is left."""
+    """A job that reaches its time limit (`salloc --time=1`, one minute) mid-verify: Slurm cancels the ranks'
+    step, verify reports why and ends, and neither the CLI, nor a rank, nor a step is left on either node."""
     proc = _hanging_verify(slurm, target_venv, "--time=1")
     try:
         out, err = proc.communicate(timeout=600)  # the limit plus slurmctld's check period and KillWait
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    print(proc.returncode, out[-2000:], err[-2000:])
+    # Slurm cancels the step (measured: after 90 s), verify reports the check failed with Slurm's reason
+    assert proc.returncode == ExitCode.VERIFY, err[-3000:]
+    (check,) = json.loads(out)["checks"]
+    assert check["status"] == "fail" and "DUE TO TIME LIMIT" in check["reason"], check["reason"]
     assert_nothing_left(slurm)
     assert not [pid for pid in slurm.processes(slurm.login) if _is_cli(pid)]
 
