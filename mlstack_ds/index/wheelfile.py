@@ -113,6 +113,7 @@ def check_record(wheel: Path) -> int:
             dist_info = _dist_info(names)
             rows = list(csv.reader(io.StringIO(archive.read(f"{dist_info}/RECORD").decode("utf-8"))))
             recorded = {row[0]: row[1] for row in rows if row}
+            checked = 0
             for name in names:
                 if name == f"{dist_info}/RECORD" or name.endswith(_SIGNATURES):
                     continue
@@ -120,12 +121,13 @@ def check_record(wheel: Path) -> int:
                     raise WheelProblem(f"{name} is not in the wheel's RECORD")
                 if record_hash(archive.read(name)) != recorded[name]:
                     raise WheelProblem(f"{name} does not match its hash in the wheel's RECORD")
+                checked += 1
             absent = sorted(n for n, h in recorded.items() if h and n not in set(names))
             if absent:
                 raise WheelProblem(f"{absent[0]} is in the wheel's RECORD but not in the wheel")
     except (OSError, KeyError, EOFError, UnicodeDecodeError, csv.Error, zipfile.BadZipFile, zlib.error) as exc:
         raise WheelProblem(f"not a readable wheel ({exc})") from None
-    return len(names)
+    return checked
 
 
 def wheel_metadata_version(wheel: Path) -> str:
