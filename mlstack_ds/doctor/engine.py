@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlstack_ds.detect.environment import detect_with_target, resolve_python
+from mlstack_ds.detect.host import cpu_flags
 from mlstack_ds.detect.model import Environment
+from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.doctor.facts import SystemFacts, collect_facts
 from mlstack_ds.doctor.logs import match_log
 from mlstack_ds.doctor.model import DoctorInput, Finding, Rule, default_min_rocm, sort_findings
 from mlstack_ds.doctor.rules import RULES
+from mlstack_ds.errors import MlstackError
+from mlstack_ds.index.choose import choose
+from mlstack_ds.index.match import Here
+from mlstack_ds.plan.planner import plan_build
+from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
+from mlstack_ds.source.fetch import parse_source_spec
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,7 @@ class Diagnosis:
     env: Environment
     facts: SystemFacts
     findings: list[Finding]
+    notes: tuple[str, ...] = ()  # what doctor --index found (or why it could not ask the index)
 
     @property
     def has_errors(self) -> bool:
@@ -30,7 +40,7 @@ class Diagnosis:
         return {
             "environment": self.env.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
-            "warnings": [*self.env.warnings, *self.facts.warnings],
+            "warnings": [*self.env.warnings, *self.facts.warnings, *self.notes],
         }
 
 
@@ -53,6 +63,8 @@ def diagnose(
     root: Path = Path("/"),
     min_rocm: str | None = None,
     nvme_offload: bool = False,
+    index: str | None = None,
+    recipe: str | None = None,
 ) -> Diagnosis:
     """Detect, collect facts, run every rule. A log is matched by the caller (`match_log_stream`, in
     bounded memory) and passed as `log_findings`; `log_text` is the same for a log already in memory."""
@@ -63,9 +75,29 @@ def diagnose(
     detection = detect_with_target(environ=environ, python=target_python)
     env = detection.environment
     facts = collect_facts(env, environ=environ, root=root, target=detection.target)
-    inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm or default_min_rocm(), nvme_offload=nvme_offload)
+    prebuilt, notes = index_fit(env, environ, index, recipe) if index else (None, ())
+    inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm or default_min_rocm(), nvme_offload=nvme_offload,
+                      prebuilt=prebuilt)
     findings = [*run_rules(inp), *log_findings]
     if log_text is not None:
         findings += match_log(log_text, RULES)
     findings = sort_findings(findings)
-    return Diagnosis(env=env, facts=facts, findings=findings)
+    return Diagnosis(env=env, facts=facts, findings=findings, notes=notes)
+
+
+def index_fit(env: Environment, environ: Mapping[str, str], index: str, recipe: str | None
+              ) -> tuple[str | None, tuple[str, ...]]:
+    """The index wheel `install --index` would take here (None: none fits), and what to say about it. The
+    plan is `install`'s, a missing compiler recorded rather than refused; doctor never fails on the index."""
+    try:
+        rocm_root = Path(env.rocm.root) if env.rocm and env.rocm.root else None
+        toolchain = probe_toolchain(environ, rocm_root, env.python.include_dir,
+                                    rocm_first=env.rocm is not None and env.rocm.kind == "wheels")
+        plan = plan_build(env, find_recipe(recipe or DEFAULT_RECIPE), parse_source_spec("pypi"), toolchain,
+                          toolchain_optional=True)
+        choice = choose(index, Here(plan.to_dict(), platform.machine(), cpu_flags()))
+    except MlstackError as exc:
+        return None, (f"index {index}: not checked ({exc.message})",)
+    if choice.chosen is None:
+        return None, (f"index {index}: no wheel fits this machine: {choice.why_not()}",)
+    return choice.chosen.link.filename, (f"index {index}: {choice.chosen.link.filename} fits this machine",)
