@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
         diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,
-                             min_rocm=min_rocm, index=index or None, recipe=recipe)
+                             min_rocm=min_rocm, index=index or None)
         if not json_output:
             for note in diagnosis.notes:
                 output.warn(escape(note))

@@ -69,8 +69,9 @@ class VerifiedWheel:
     published: Mapping[str, Any]
 
 
-def choose(spec: str, here: Here) -> IndexChoice:
-    """Read the index and pick the best fitting wheel (reads plan files only, no wheel)."""
+def choose(spec: str, here: Here, *, facts_only: bool = False) -> IndexChoice:
+    """Read the index and pick the best fitting wheel (reads plan files only, no wheel); `facts_only`: see
+    `mismatches`."""
     index = locate(spec)
     offers = []
     for link in list_wheels(index):
@@ -78,7 +79,7 @@ def choose(spec: str, here: Here) -> IndexChoice:
             offers.append(Offer(link, None, ("no plan file (not published by mlstack-ds publish)",)))
             continue
         published = _plan_file(index, link)
-        offers.append(Offer(link, published, tuple(mismatches(published, here))))
+        offers.append(Offer(link, published, tuple(mismatches(published, here, facts_only=facts_only))))
     fitting = [o for o in offers if not o.reasons and o.published is not None]
     chosen = min(fitting, key=lambda o: (rank(o.published or {}, here), o.link.filename)) if fitting else None
     return IndexChoice(index, tuple(offers), chosen)

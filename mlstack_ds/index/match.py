@@ -49,8 +49,10 @@ def _torch(plan: Mapping[str, Any]) -> str:
     return f"torch {plan.get('torch_version')}" + "".join(f" ({e})" for e in extra if e)
 
 
-def mismatches(published: Mapping[str, Any], here: Here) -> list[str]:
-    """Why the published wheel does not fit here; empty when it does."""
+def mismatches(published: Mapping[str, Any], here: Here, *, facts_only: bool = False) -> list[str]:
+    """Why the published wheel does not fit here; empty when it does. `facts_only` (doctor, which never
+    plans a build): only what the machine decides (platform, torch, Python, ROCm, wavefront, targets, CPU),
+    not the recipe, pin, series and ops a plan would add."""
     if published.get("schema") != PUBLISHED_SCHEMA:
         return [f"its plan file has schema {published.get('schema')!r}, not {PUBLISHED_SCHEMA}"]
     theirs, mine = _plan(published), here.plan
@@ -60,13 +62,15 @@ def mismatches(published: Mapping[str, Any], here: Here) -> list[str]:
         if theirs.get(key) != mine.get(key):
             reasons.append(f"{what} {theirs.get(key)}, this machine's plan {mine.get(key)}")
 
-    differs("recipe", "recipe")
-    differs("source_pin", "source pin")
-    if _patches(theirs) != _patches(mine):
-        names = sorted({n for n, _ in set(_patches(theirs)) ^ set(_patches(mine))})
-        reasons.append(f"another patch series (differs in {', '.join(names) or 'order'})")
+    if not facts_only:
+        differs("recipe", "recipe")
+        differs("source_pin", "source pin")
+        if _patches(theirs) != _patches(mine):
+            names = sorted({n for n, _ in set(_patches(theirs)) ^ set(_patches(mine))})
+            reasons.append(f"another patch series (differs in {', '.join(names) or 'order'})")
     differs("platform", "platform")
-    differs("accelerator", "DS_ACCELERATOR")
+    if not facts_only:
+        differs("accelerator", "DS_ACCELERATOR")
     if (theirs.get("torch_version"), theirs.get("torch_hip"), theirs.get("torch_cuda")) != (
             mine.get("torch_version"), mine.get("torch_hip"), mine.get("torch_cuda")):
         reasons.append(f"built for {_torch(theirs)}, the target has {_torch(mine)}")

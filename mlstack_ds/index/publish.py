@@ -27,12 +27,12 @@ from mlstack_ds.index.simple import PLAN_SUFFIX, PROJECT, project_page, root_pag
 from mlstack_ds.index.wheelfile import (
     WheelProblem,
     check_record,
+    file_sha256,
     python_tag,
     relabel,
     wheel_filename,
     wheel_metadata_version,
 )
-from mlstack_ds.source.cache import sha256_of
 
 LOCK_NAME = ".mlstack-ds-publish.lock"
 
@@ -118,7 +118,7 @@ def _already(target: Path, plan_file: Path, record: Mapping[str, Any]) -> str | 
         published = json.loads(plan_file.read_text(encoding="utf-8"))
         same = (published["plan"]["cache_key"] == record["plan"]["cache_key"]
                 and published["built_wheel_sha256"] == record.get("wheel_sha256")
-                and sha256_of(target) == published["wheel_sha256"])
+                and file_sha256(target) == published["wheel_sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         same = False
     if not same:
@@ -134,7 +134,7 @@ def _write_wheel(wheel: Path, target: Path, version: str) -> str:
     try:
         relabel(wheel, Path(tmp), version)
         check_record(Path(tmp))
-        digest = sha256_of(Path(tmp))
+        digest = file_sha256(Path(tmp))
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     finally:
@@ -162,7 +162,7 @@ def regenerate(simple: Path) -> None:
     files = []
     for wheel in sorted(project.glob("*.whl")):
         plan = wheel.with_name(wheel.name + PLAN_SUFFIX)
-        files.append((wheel.name, sha256_of(wheel), sha256_of(plan) if plan.is_file() else None))
+        files.append((wheel.name, file_sha256(wheel), file_sha256(plan) if plan.is_file() else None))
     _write_text(project / "index.html", project_page(PROJECT, files))
     projects = [d.name for d in simple.iterdir() if d.is_dir() and (d / "index.html").is_file()]
     _write_text(simple / "index.html", root_page(projects))

@@ -20,7 +20,7 @@ import requests
 
 from mlstack_ds.errors import FetchError
 from mlstack_ds.index.simple import PROJECT, Link, PageError, parse_project_page
-from mlstack_ds.source.cache import sha256_of
+from mlstack_ds.index.wheelfile import file_sha256
 
 TIMEOUT_S = (10.0, 60.0)  # connect, read
 MAX_PAGE_BYTES = 16 << 20
@@ -134,7 +134,7 @@ def download(index: Index, link: Link, directory: Path) -> Path:
     network), its sha256 checked against the index page's while it streams. A mismatch is an error and
     leaves nothing behind."""
     final = directory / link.sha256 / link.filename
-    if final.is_file() and sha256_of(final) == link.sha256:
+    if final.is_file() and file_sha256(final) == link.sha256:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{link.filename}.", suffix=".partial")

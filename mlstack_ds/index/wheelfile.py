@@ -29,6 +29,16 @@ class WheelProblem(ValueError):
     """The wheel is not what it should be (the message says what)."""
 
 
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in blocks (the index's own, so that `doctor` reaching the index never
+    reaches the fetch stage's cache)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def record_hash(data: bytes) -> str:
     """A RECORD hash entry: `sha256=` and the urlsafe base64 digest without padding."""
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

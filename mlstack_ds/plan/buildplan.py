@@ -210,7 +210,7 @@ def make_plan(
         python_version=environment.python.version, torch_version=torch.version,
         cache_key="", notes=tuple(notes), targets_source=targets_source, concurrency=concurrency,
         torch_hip=torch.hip, torch_cuda=torch.cuda, rocm_wheels=rocm_wheels,
-        rocm_version=_rocm_major_minor(environment) if platform == "rocm" else None, toolchain_missing=missing,
+        rocm_version=rocm_major_minor(environment) if platform == "rocm" else None, toolchain_missing=missing,
     )
     return replace(plan, cache_key=cache_key(key_material(plan.to_dict())))
 
@@ -311,7 +311,7 @@ def _refuse_wrong_torch(environment: Environment) -> None:
         )
 
 
-def _rocm_major_minor(environment: Environment) -> str | None:
+def rocm_major_minor(environment: Environment) -> str | None:
     """The ROCm release the ops are compiled against, as major.minor: the wheels', the system's, else the
     HIP version torch names (when it names a ROCm release)."""
     if environment.rocm_wheels is not None and environment.rocm and environment.rocm.kind == "wheels":
