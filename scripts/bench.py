@@ -8,6 +8,7 @@
     python scripts/bench.py rehearsal [--source SDIST] [--repeat N] [--json-out FILE]
     python scripts/bench.py multinode --python PY [--runs N] [--install-python PY --cache-dir DIR]
     python scripts/bench.py integrity [--runs N] [--python PY] [--json-out FILE] [--markdown-out FILE]
+    python scripts/bench.py index [--sdist FILE] [--json-out FILE] [--markdown-out FILE]
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import importlib
 import sys
 
 SUBCOMMANDS = {"install": "bench_install", "build": "bench_build", "verify": "bench_verify",
-               "rehearsal": "bench_rehearsal", "multinode": "bench_multinode", "integrity": "bench_integrity"}
+               "rehearsal": "bench_rehearsal", "multinode": "bench_multinode", "integrity": "bench_integrity",
+               "index": "bench_index"}
 
 
 def main() -> int:
