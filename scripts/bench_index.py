@@ -49,6 +49,9 @@ def tool(*args: str, path: str | None = None) -> tuple[float, dict]:
 
 def run(tmp: Path, sdist: Path | None) -> dict[str, object]:
     cold_venv, index_venv = overlay_venv(tmp / "cold-venv"), overlay_venv(tmp / "index-venv")
+    # The venv's own setuptools (65, without bdist_wheel) would shadow this interpreter's for the build.
+    subprocess.run([str(cold_venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "--yes", "setuptools"],
+                   check=True, capture_output=True)
     source = ["--source", str(sdist)] if sdist else []
     cold_s, cold = tool("install", "--python", str(cold_venv / "bin" / "python"), "--cache-dir", str(tmp / "cache-a"),
                         "--no-verify", *source)

@@ -151,6 +151,10 @@ def contents_problem(wheel: Path, published: Mapping[str, Any]) -> str | None:
     return None
 
 
+# Notes about how a build here would run (buildplan._concurrency): moot when nothing is built.
+_BUILD_ONLY = ("ninja not found", "ops build one after another", "--jobs")
+
+
 def adopt(plan: BuildPlan, offer: Offer) -> BuildPlan:
     """This machine's plan, as the chosen wheel was built: its targets (a superset of this machine's), ops,
     flags and cache key, and where it comes from. The interpreter and the notes stay this machine's."""
@@ -163,4 +167,4 @@ def adopt(plan: BuildPlan, offer: Offer) -> BuildPlan:
     return replace(plan, archs=tuple(theirs.get("archs") or ()), wavefront=theirs.get("wavefront"), ops=ops,
                    env={str(k): str(v) for k, v in (theirs.get("env") or {}).items()},
                    cache_key=str(theirs["cache_key"]), targets_source="index" if plan.archs else "",
-                   prebuilt=offer.link.url, notes=(*plan.notes, note))
+                   prebuilt=offer.link.url, notes=(*(n for n in plan.notes if not n.startswith(_BUILD_ONLY)), note))
