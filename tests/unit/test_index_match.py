@@ -11,9 +11,13 @@ from test_plan import CPU_TORCH, FULL_TOOLCHAIN, PATCHES, ROCM_TORCH, machine
 
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.detect.toolchain import Toolchain
-from mlstack_ds.errors import EnvironmentProblem
+from mlstack_ds.errors import EnvironmentProblem, InstallError
+from mlstack_ds.index.choose import IndexChoice, Offer
 from mlstack_ds.index.match import Here, label, mismatches, published_version, rank
 from mlstack_ds.index.publish import published_document
+from mlstack_ds.index.read import Index
+from mlstack_ds.index.simple import Link
+from mlstack_ds.install.pipeline import refuse_or_adopt
 from mlstack_ds.plan.buildplan import BuildPlan, PlanOptions, make_plan
 from mlstack_ds.plan.targets import parse_arch_option
 from mlstack_ds.recipe import find_recipe
@@ -147,3 +151,32 @@ def test_a_plan_file_of_an_unknown_schema_fits_nothing(fat_wheel, fake_machine, 
 def test_the_published_plan_leaves_out_this_hosts_paths(fat_wheel) -> None:
     assert fat_wheel["plan"]["target_python"] == "" and fat_wheel["plan"]["path_prepend"] == []
     assert fat_wheel["host"]["compiler"] == HOST["compiler"] and fat_wheel["python_tags"] == ["cp311"]
+
+
+def choice_of(offers: tuple[Offer, ...]) -> IndexChoice:
+    chosen = next((o for o in offers if not o.reasons), None)
+    return IndexChoice(Index("http://idx/simple", "http://idx/simple/"), offers, chosen)
+
+
+def test_without_a_fitting_wheel_a_machine_without_a_compiler_says_both(fat_wheel, fake_machine,
+                                                                         bare_python) -> None:
+    workstation = machine(fake_machine, bare_python, RX7900, ROCM_TORCH)
+    bare = plan(workstation, toolchain=NO_COMPILER, optional=True)
+    offer = Offer(Link("deepspeed-x.whl", "http://idx/simple/deepspeed/deepspeed-x.whl", "0" * 64), fat_wheel,
+                  tuple(mismatches(fat_wheel, here(bare))))
+    with pytest.raises(EnvironmentProblem, match=r"hipcc not found \(needed to compile the ROCm ops\), and no wheel "
+                       r"in the index http://idx/simple fits this machine \(deepspeed-x.whl: built for wave64"):
+        refuse_or_adopt(bare, choice_of((offer,)), index_only=False)
+    with pytest.raises(InstallError, match="no wheel in the index http://idx/simple fits this machine"):
+        refuse_or_adopt(plan(workstation), choice_of((offer,)), index_only=True)
+    assert refuse_or_adopt(plan(workstation), choice_of((offer,)), index_only=False) == plan(workstation)
+
+
+def test_an_adopted_plan_is_the_wheels_with_this_machines_interpreter(fat_wheel, fake_machine, bare_python) -> None:
+    node = plan(machine(fake_machine, bare_python, MI210, ROCM_TORCH), toolchain=NO_COMPILER, optional=True)
+    offer = Offer(Link("deepspeed-x.whl", "http://idx/simple/deepspeed/deepspeed-x.whl", "0" * 64), fat_wheel, ())
+    adopted = refuse_or_adopt(node, choice_of((offer,)), index_only=True)
+    assert adopted.archs == ("gfx90a", "gfx942") and adopted.cache_key == fat_wheel["plan"]["cache_key"]
+    assert adopted.prebuilt == offer.link.url and adopted.target_python == node.target_python
+    assert "async_io" in adopted.built_ops and adopted.targets_source == "index"
+    assert adopted.notes[-1].startswith("prebuilt wheel deepspeed-x.whl from the index: nothing is compiled here")
