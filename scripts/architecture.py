@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("source", ("source",)),
     ("patches", ("patches",)),
     ("plan, ds_configs", ("plan", "dsconfig")),
+    ("index", ("index",)),
     ("build", ("build",)),
     ("verify", ("verify",)),
     ("install", ("install",)),

@@ -9,6 +9,7 @@
     python scripts/bench.py multinode --python PY [--runs N] [--install-python PY --cache-dir DIR]
     python scripts/bench.py integrity [--runs N] [--python PY] [--json-out FILE] [--markdown-out FILE]
     python scripts/bench.py slurm --python PY [--runs N] [--only CHECKS] [--json-out FILE] [--markdown-out FILE]
+    python scripts/bench.py index [--sdist FILE] [--json-out FILE] [--markdown-out FILE]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 SUBCOMMANDS = {"install": "bench_install", "build": "bench_build", "verify": "bench_verify",
                "rehearsal": "bench_rehearsal", "multinode": "bench_multinode", "integrity": "bench_integrity",
-               "slurm": "bench_slurm"}
+               "slurm": "bench_slurm", "index": "bench_index"}
 
 
 def main() -> int:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds.build.oplogs import OpLogs
+from mlstack_ds.detect.host import host_facts
+from mlstack_ds.detect.toolchain import find_cxx
 from mlstack_ds.errors import BuildError
 from mlstack_ds.patches import apply_series, series_for_recipe
 from mlstack_ds.plan.buildplan import BuildPlan, plan_env
@@ -199,7 +201,7 @@ def build_wheel(
         digest = sha256_of(wheels[0])
         (out / "build.json").write_text(json.dumps(
             {"source_commit": commit, "tree_hash": tree_hash, "plan": plan.to_dict(), "log": str(log_path),
-             "wheel_sha256": digest}, indent=2))
+             "wheel_sha256": digest, "host": host_facts(find_cxx(env))}, indent=2))
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         if final_dir.exists() and (force or cached_wheel(cache, plan) is None):
             _discard(final_dir, staging)  # what --rebuild replaces, or an entry without a wheel

@@ -31,6 +31,7 @@ from mlstack_ds.cli import (
     detect_cmd,
     doctor_cmd,
     fetch_cmd,
+    index_cmd,
     install_cmd,
     patches_cmd,
     recipes_cmd,
@@ -70,8 +71,8 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Root options."""
 
-    for module in (detect_cmd, install_cmd, verify_cmd, doctor_cmd, config_cmd, bench_cmd, recipes_cmd, fetch_cmd,
-                   patches_cmd):
+    for module in (detect_cmd, install_cmd, index_cmd, verify_cmd, doctor_cmd, config_cmd, bench_cmd, recipes_cmd,
+                   fetch_cmd, patches_cmd):
         module.register(app)
     return app
 

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.text import Text
 
 from mlstack_ds.cli.options import (
     DoctorConfigOption,
     DoctorHostfileOption,
     DoctorSlurmOption,
+    IndexOption,
     JsonOption,
     PythonOption,
     RecipeOption,
@@ -70,6 +72,7 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOption = DEFAULT_RECIPE,
         hostfile: DoctorHostfileOption = None,
         slurm: DoctorSlurmOption = False,
+        index: IndexOption = None,
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
@@ -87,7 +90,10 @@ def register(app: typer.Typer) -> None:
         nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
         diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,
-                             min_rocm=min_rocm)
+                             min_rocm=min_rocm, index=index or None)
+        if not json_output:
+            for note in diagnosis.notes:
+                output.warn(escape(note))
         if json_output:
             output.emit_json(diagnosis.to_dict())
         elif report:

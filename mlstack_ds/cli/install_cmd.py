@@ -22,6 +22,7 @@ from mlstack_ds.cli.options import (
     DryRunOption,
     GitCommitOption,
     GitUrlOption,
+    IndexOption,
     InstallHostfileOption,
     InstallSlurmOption,
     JobsOption,
@@ -70,6 +71,8 @@ ForceOption = Annotated[bool, typer.Option(
 CachedWheelOption = Annotated[str | None, typer.Option(
     "--cached-wheel", hidden=True, metavar="KEY",
     help="Install the cached wheel of this plan or fail; never build (each node of --hostfile).")]
+IndexOnlyOption = Annotated[bool, typer.Option(
+    "--index-only", help="With --index: refuse (exit 7) instead of building when no wheel of the index fits.")]
 WheelDirOption = Annotated[Path | None, typer.Option("--wheel-dir", help="Also copy the wheel into this directory.")]
 
 
@@ -93,6 +96,8 @@ def install_command(
     cached_wheel: CachedWheelOption = None,
     lock_timeout: LockTimeoutOption = None,
     slurm: InstallSlurmOption = False,
+    index: IndexOption = None,
+    index_only: IndexOnlyOption = False,
 ) -> None:
     """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
 
@@ -101,7 +106,10 @@ def install_command(
     """
     output = make_output(json_output)
     request = _request(recipe, source, git_url, git_commit, sha256, arch, python, jobs, cache_dir, no_patches, rebuild,
-                       verify=not no_verify, force=force, cached_wheel=cached_wheel, lock_timeout=lock_timeout)
+                       verify=not no_verify, force=force, cached_wheel=cached_wheel, lock_timeout=lock_timeout,
+                       index=index or None, index_only=index_only)
+    if index_only and not index:
+        raise UsageError("--index-only needs --index (or MLSTACK_DS_INDEX)", hint="name the index: --index URL|DIR")
     refuse_with_hostfile(slurm, hostfile)
     if hostfile is not None or slurm:
         if cached_wheel is not None:
@@ -121,7 +129,8 @@ def install_command(
                              "`mlstack-ds rollback` restores the previous DeepSpeed")
     if json_output:
         output.emit_json({"action": outcome.action, "plan": plan.to_dict(), "receipt": outcome.receipt.to_dict(),
-                          "verify": report.to_json() if report else None}, error=failure)
+                          "verify": report.to_json() if report else None,
+                          **({"index": prepared.index.to_json()} if prepared.index else {})}, error=failure)
     elif report is not None:
         render_report(report, output.out)
     if failure is not None:
@@ -196,9 +205,16 @@ def _plan_or_dry_run(request: InstallRequest, output: Output, *, json_output: bo
     the plan is the answer (stdout) and there is nothing more to do (None); otherwise it is progress
     information (stderr, not with --json)."""
     prepared = prepare(request)
+    if prepared.index is not None and prepared.index.chosen is None:
+        for offer in prepared.index.offers:
+            output.warn(escape(f"index wheel {offer.link.filename} does not fit: {'; '.join(offer.reasons)}"))
+        output.warn(escape(f"no wheel of the index {prepared.index.index.spec} fits this machine: building here"
+                           if prepared.index.offers else f"the index {prepared.index.index.spec} has no DeepSpeed "
+                           "wheels: building here"))
     if dry_run:
         if json_output:
-            output.emit_json({"action": "plan", "plan": prepared.plan.to_dict()})
+            output.emit_json({"action": "plan", "plan": prepared.plan.to_dict(),
+                              **({"index": prepared.index.to_json()} if prepared.index else {})})
         else:
             render_plan(prepared.plan, output, output.out)
         return None
@@ -342,7 +358,8 @@ def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
     head += [
         ("python", f"{plan.target_python} (torch {plan.torch_version})"),
         ("cache key", plan.cache_key),
-        *([("compiles", describe_concurrency(plan.concurrency))] if plan.concurrency else []),
+        *([("prebuilt", f"{plan.prebuilt} (no toolchain needed: nothing is compiled here)")] if plan.prebuilt
+          else [("compiles", describe_concurrency(plan.concurrency))] if plan.concurrency else []),
         ("build env", " ".join(f"{key}={value}" for key, value in plan.env.items())),
     ]
     print_records(console, ("", ""), head, keyed=True)

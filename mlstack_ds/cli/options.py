@@ -213,12 +213,28 @@ AnyTreeOption = _tree(Path, "any, e.g. your own checkout")
 NewTreeOption = _tree(Path | None, "the new release's (default: fetch the --to recipe's sdist, cached)")
 SeriesOption = Annotated[Path | None, typer.Option("--series", help="This series file, not the recipe's.")]
 
+
+def _to(kind: Any, metavar: str, what: str) -> Any:
+    return Annotated[kind, typer.Option("--to", metavar=metavar, help=what)]
+
+
+RefreshToOption = _to(str, "NAME|VERSION", "The new release's recipe.")  # patches refresh
+PublishToOption = _to(Path, "DIR", "The index directory (made if absent): DIR/simple is the PEP 503 index to serve.")
+
+# --- prebuilt wheels from a team's index: `install` and `doctor` (index/) ------------------------------------
+
+INDEX_VARIABLE = "MLSTACK_DS_INDEX"
+IndexOption = Annotated[str | None, typer.Option(
+    "--index", metavar="URL|DIR", envvar=INDEX_VARIABLE, show_envvar=True,
+    help="A package index of prebuilt DeepSpeed wheels (`mlstack-ds publish`): http(s)://.../simple or a "
+    "directory. The wheel whose plan fits this machine's is installed instead of building one.")]
+
 __all__ = [
-    "DEFAULT_RECIPE", "DEFAULT_SOURCE", "AnyTreeOption", "ArchOption", "BenchConfigOption", "BenchHostfileOption",
-    "BenchSeqLenOption", "BenchTimeoutOption", "CacheDirOption", "ConfigOutOption", "DoctorConfigOption",
-    "DoctorHostfileOption", "DraftOutOption", "DryRunOption", "GitCommitOption", "GitUrlOption",
-    "InstallHostfileOption", "JobsOption", "JsonOption", "MicroBatchOption", "NewTreeOption", "NoPatchesOption",
-    "PythonOption", "RebuildOption", "RecipeOption", "SeqLenOption", "SeriesOption", "Sha256Option",
-    "SourceOption", "TreeOption", "VerifyConfigOption", "VerifyHostfileOption", "VerifyTimeoutOption",
-    "WorldSizeOption", "WorldSizesOption",
+    "DEFAULT_RECIPE", "DEFAULT_SOURCE", "INDEX_VARIABLE", "AnyTreeOption", "ArchOption", "BenchConfigOption",
+    "BenchHostfileOption", "BenchSeqLenOption", "BenchTimeoutOption", "CacheDirOption", "ConfigOutOption",
+    "DoctorConfigOption", "DoctorHostfileOption", "DraftOutOption", "DryRunOption", "GitCommitOption",
+    "GitUrlOption", "IndexOption", "InstallHostfileOption", "JobsOption", "JsonOption", "MicroBatchOption",
+    "NewTreeOption", "NoPatchesOption", "PublishToOption", "PythonOption", "RebuildOption", "RecipeOption",
+    "RefreshToOption", "SeqLenOption", "SeriesOption", "Sha256Option", "SourceOption", "TreeOption",
+    "VerifyConfigOption", "VerifyHostfileOption", "VerifyTimeoutOption", "WorldSizeOption", "WorldSizesOption",
 ]

@@ -19,6 +19,7 @@ from mlstack_ds.cli.options import (
     JsonOption,
     NewTreeOption,
     RecipeOption,
+    RefreshToOption,
     SeriesOption,
     TreeOption,
 )
@@ -190,7 +191,7 @@ def refresh_document(result: RefreshResult, from_name: str, to_name: str) -> dic
 def register_refresh(patches: typer.Typer) -> None:
     @patches.command("refresh")
     def refresh(
-        to: Annotated[str, typer.Option("--to", metavar="NAME|VERSION", help="The new release's recipe.")],
+        to: RefreshToOption,
         from_: Annotated[str, typer.Option("--from", metavar="NAME|VERSION",
                                            help="The recipe whose series is moved.")] = DEFAULT_RECIPE,
         out: DraftOutOption = None,

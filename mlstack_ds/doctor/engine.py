@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlstack_ds.detect.environment import detect_with_target, resolve_python
+from mlstack_ds.detect.host import cpu_flags
 from mlstack_ds.detect.model import Environment
 from mlstack_ds.doctor.facts import SystemFacts, collect_facts
 from mlstack_ds.doctor.logs import match_log
 from mlstack_ds.doctor.model import DoctorInput, Finding, Rule, default_min_rocm, sort_findings
 from mlstack_ds.doctor.rules import RULES
+from mlstack_ds.errors import MlstackError
+from mlstack_ds.index.choose import choose
+from mlstack_ds.index.match import Here
+from mlstack_ds.plan.buildplan import rocm_major_minor
+from mlstack_ds.plan.targets import select_rocm_targets
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,7 @@ class Diagnosis:
     env: Environment
     facts: SystemFacts
     findings: list[Finding]
+    notes: tuple[str, ...] = ()  # what doctor --index found (or why it could not ask the index)
 
     @property
     def has_errors(self) -> bool:
@@ -30,7 +38,7 @@ class Diagnosis:
         return {
             "environment": self.env.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
-            "warnings": [*self.env.warnings, *self.facts.warnings],
+            "warnings": [*self.env.warnings, *self.facts.warnings, *self.notes],
         }
 
 
@@ -53,6 +61,7 @@ def diagnose(
     root: Path = Path("/"),
     min_rocm: str | None = None,
     nvme_offload: bool = False,
+    index: str | None = None,
 ) -> Diagnosis:
     """Detect, collect facts, run every rule. A log is matched by the caller (`match_log_stream`, in
     bounded memory) and passed as `log_findings`; `log_text` is the same for a log already in memory."""
@@ -63,9 +72,36 @@ def diagnose(
     detection = detect_with_target(environ=environ, python=target_python)
     env = detection.environment
     facts = collect_facts(env, environ=environ, root=root, target=detection.target)
-    inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm or default_min_rocm(), nvme_offload=nvme_offload)
+    prebuilt, notes = index_fit(env, index) if index else (None, ())
+    inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm or default_min_rocm(), nvme_offload=nvme_offload,
+                      prebuilt=prebuilt)
     findings = [*run_rules(inp), *log_findings]
     if log_text is not None:
         findings += match_log(log_text, RULES)
     findings = sort_findings(findings)
-    return Diagnosis(env=env, facts=facts, findings=findings)
+    return Diagnosis(env=env, facts=facts, findings=findings, notes=notes)
+
+
+def index_fit(env: Environment, index: str) -> tuple[str | None, tuple[str, ...]]:
+    """An index wheel made for this machine (platform, torch, Python, ROCm, wavefront, GPU targets, CPU), if
+    there is one, and what to say about it. Doctor never plans a build (it must run where nothing can be
+    built), so the recipe, pin and series are left to `install --index`; doctor never fails on the index."""
+    try:
+        targets = select_rocm_targets(env, None) if env.platform == "rocm" else None
+    except MlstackError as exc:
+        return None, (f"index {index}: not checked ({exc.message})",)
+    torch = env.torch
+    here = {"platform": env.platform, "python_version": env.python.version,
+            "torch_version": torch.version if torch else None, "torch_hip": torch.hip if torch else None,
+            "torch_cuda": torch.cuda if torch else None,
+            "rocm_version": rocm_major_minor(env) if env.platform == "rocm" else None,
+            "archs": list(targets.archs) if targets else [], "wavefront": targets.wavefront if targets else None}
+    try:
+        choice = choose(index, Here(here, platform.machine(), cpu_flags()), facts_only=True)
+    except MlstackError as exc:
+        return None, (f"index {index}: not checked ({exc.message})",)
+    if choice.chosen is None:
+        return None, (f"index {index}: no wheel fits this machine: {choice.why_not()}",)
+    return choice.chosen.link.filename, (f"index {index}: {choice.chosen.link.filename} fits this machine's torch, "
+                                         "Python, ROCm and GPU targets (install --index checks the recipe and "
+                                         "patch series too)",)

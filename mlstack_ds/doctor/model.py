@@ -40,6 +40,9 @@ class DoctorInput:
     facts: SystemFacts
     min_rocm: str = field(default_factory=default_min_rocm)
     nvme_offload: bool = False
+    # `doctor --index` (or MLSTACK_DS_INDEX): the index wheel that fits this machine, if one does; compiling
+    # is then not needed, and a missing compiler is no error.
+    prebuilt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.cluster.tool import ToolRun, check_tool, run_tool
 from mlstack_ds.console import Output
 from mlstack_ds.errors import EnvironmentProblem, ExitCode, InstallError, MlstackError, UsageError
-from mlstack_ds.install.pipeline import InstallRequest, prepare, run_build
+from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build
 from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.source.cache import Cache, sha256_of
 from mlstack_ds.verify.report import VerifyReport
@@ -57,7 +57,7 @@ class NodeResult:
     host: str
     action: str = "pending"  # installed | up-to-date | shared | rolled-back | failed | not-run | checked
     shares_with: str | None = None  # the node that installed into the same (shared) environment
-    cache: str | None = None  # "shared" | "copied" | "present"
+    cache: str | None = None  # "shared" | "copied" | "present" | "index" (the node took the wheel from --index)
     receipt: dict[str, Any] | None = None
     error: str | None = None
 
@@ -179,12 +179,14 @@ def ensure_cached(host: str, wheel: Path, cache_root: Path) -> str:
 
 
 def node_install_args(request: InstallRequest, python: Path, cache_root: Path, archs: Sequence[str],
-                      cache_key: str) -> list[str]:
+                      cache_key: str, *, index: str | None = None) -> list[str]:
     """The node's `install` argv: the head's recipe, source and patch options, the head's targets, its
-    cache path, and `--cached-wheel` so that it installs the head's wheel or fails (never builds)."""
+    cache path, and `--cached-wheel` so that it installs the head's wheel or fails (never builds). With
+    `index` (the head found a fitting wheel there) each node takes it from the index itself instead:
+    `--index URL --index-only`, nothing copied, and still never a build."""
+    source = ["--index", index, "--index-only"] if index else ["--cached-wheel", cache_key]
     args: list[str] = ["install", "--python", str(python), "--cache-dir", str(cache_root),
-                       "--recipe", request.deepspeed_version, "--source", request.source,
-                       "--cached-wheel", cache_key, "--no-verify"]
+                       "--recipe", request.deepspeed_version, "--source", request.source, *source, "--no-verify"]
     for flag, value in (("--git-url", request.git_url), ("--git-commit", request.git_commit),
                         ("--sha256", request.sha256)):
         if value:
@@ -242,7 +244,7 @@ def require_ssh(hosts: Sequence[HostEntry]) -> None:
 @dataclass(frozen=True)
 class HostfileOutcome:
     plan: BuildPlan
-    wheel: Path | None  # None on a dry run
+    wheel: Path | None  # None on a dry run, and when every node installs from the index
     nodes: tuple[NodeResult, ...]
     verify: VerifyReport | None = None
 
@@ -278,13 +280,13 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     check_platforms(facts, plan.platform)
     if dry_run:
         return HostfileOutcome(plan, None, tuple(results.values()))
-    built = run_build(prepared, effective, output, progress).built
-    output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ") + built.wheel.name)
     cache_root = Cache.open(request.cache_dir).root.absolute()
+    index = index_for_nodes(prepared, output)
+    wheel = None if index else head_wheel(prepared, effective, output, progress)
     node_args = node_install_args(effective, python, cache_root, plan.archs if plan.platform == "rocm" else (),
-                                  plan.cache_key)
+                                  plan.cache_key, index=index)
     groups = group_by_environment(facts, output.status)
-    ssh_ops = NodeOps(cache=lambda host: ensure_cached(host, built.wheel, cache_root),
+    ssh_ops = NodeOps(cache=lambda host: ensure_cached(host, wheel, cache_root) if wheel else "index",
                       install=lambda group: install_on(group, node_args), rollback=rollback_on)
     try:
         install_groups(groups, results, ops=ssh_ops, python=python, output=output)
@@ -294,7 +296,27 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     if request.verify:
         output.status(f"verifying across the {len(hosts)} node(s) (mlstack-ds verify --hostfile)")
         report = run_verify(VerifyOptions(python=python, hostfile=hostfile), status=output.status)
-    return HostfileOutcome(plan, built.wheel, tuple(results.values()), report)
+    return HostfileOutcome(plan, wheel, tuple(results.values()), report)
+
+
+def index_for_nodes(prepared: Prepared, output: Output) -> str | None:
+    """The index every node installs from, when the head found a wheel there that fits the nodes' plan (the
+    union of their targets); None: the head builds (or reuses its cache) and copies, as without --index."""
+    choice = prepared.index
+    if choice is None or choice.chosen is None:
+        return None
+    spec = choice.index.spec
+    where = spec if spec.startswith(("http://", "https://", "file:")) else str(Path(spec).resolve())
+    output.status(f"each node installs {choice.chosen.link.filename} from the index {where} (nothing is built "
+                  "or copied; the nodes must reach the index)")
+    return where
+
+
+def head_wheel(prepared: Prepared, request: InstallRequest, output: Output, progress: BuildProgress | None) -> Path:
+    """The wheel built (or found in the cache) here, for the nodes."""
+    built = run_build(prepared, request, output, progress).built
+    output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ") + built.wheel.name)
+    return built.wheel
 
 
 @dataclass(frozen=True)
@@ -333,7 +355,8 @@ def install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResult
         result.receipt = receipt_summary(document.get("receipt"))
         if result.action == "installed":
             installed.append(host)
-        where = "from the shared cache" if result.cache == "shared" else f"{result.cache} in its cache"
+        where = {"shared": "from the shared cache", "index": "from the index"}.get(result.cache or "",
+                                                                                f"{result.cache} in its cache")
         output.status(f"{host}: {result.action} (the wheel {where})")
         for member in group.members:
             results[member].action, results[member].shares_with = "shared", host

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,12 @@ from mlstack_ds.build.wheel import BuildProgress, BuiltWheel, build_wheel, cache
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment
 from mlstack_ds.detect.environment import detect_with_target
+from mlstack_ds.detect.host import cpu_flags
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.errors import EnvironmentProblem, InstallError, UsageError
+from mlstack_ds.index.choose import IndexChoice, adopt, choose, fetch_verified
+from mlstack_ds.index.match import Here
 from mlstack_ds.install.repair import scrub_interrupted
 from mlstack_ds.install.wheel import install_wheel
 from mlstack_ds.installed.health import InstalledState, check_health, installed_state, probe_installed
@@ -57,6 +62,10 @@ class InstallRequest:
     cached_wheel: str | None = None
     # Seconds to wait for another install into the same environment (None: until it ends; 0: refuse at once).
     lock_timeout: float | None = None
+    # `install --index`: a package index (URL or directory) to take a prebuilt wheel from; `index_only`
+    # refuses to build when none fits.
+    index: str | None = None
+    index_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,9 @@ class Prepared:
     environment: Environment
     recipe: Recipe
     spec: SourceSpec
-    plan: BuildPlan
+    plan: BuildPlan  # with --index and a fitting wheel: that wheel's plan (index/choose.adopt)
     target: TargetFacts  # detect's answer from the target interpreter, reused instead of asking again
+    index: IndexChoice | None = None  # what the index offered and chose (--index)
 
 
 @dataclass(frozen=True)
@@ -99,8 +109,30 @@ def prepare(request: InstallRequest) -> Prepared:
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir,
                                 rocm_first=environment.rocm is not None and environment.rocm.kind == "wheels")
     plan = plan_build(environment, recipe, spec, toolchain, archs=archs, jobs=request.jobs,
-                      patches=request.patches, source_label=request.source, mem_available=read_mem_available())
-    return Prepared(environment, recipe, spec, plan, detection.target)
+                      patches=request.patches, source_label=request.source, mem_available=read_mem_available(),
+                      toolchain_optional=request.index is not None)
+    choice = None
+    if request.index is not None:
+        choice = choose(request.index, Here(plan.to_dict(), platform.machine(), cpu_flags()))
+        plan = refuse_or_adopt(plan, choice, index_only=request.index_only)
+    return Prepared(environment, recipe, spec, plan, detection.target, choice)
+
+
+def refuse_or_adopt(plan: BuildPlan, choice: IndexChoice, *, index_only: bool) -> BuildPlan:
+    """The plan of the index's fitting wheel; else this machine's plan, to build here (when it can), with
+    the reasons each candidate did not fit in the refusal."""
+    if choice.chosen is not None:
+        return adopt(plan, choice.chosen)
+    why = choice.why_not()
+    if index_only:
+        raise InstallError(f"no wheel in the index {choice.index.spec} fits this machine: {why}; nothing was "
+                           "installed", hint="publish one built for this machine (mlstack-ds build + publish), or "
+                           "leave out --index-only to build here")
+    if plan.toolchain_missing:
+        message, hint = plan.toolchain_missing[0]
+        raise EnvironmentProblem(f"{message}, and no wheel in the index {choice.index.spec} fits this machine "
+                                 f"({why})", hint=hint)
+    return plan
 
 
 def reinstall_reasons(plan: BuildPlan, receipt: Receipt | None, state: InstalledState) -> list[str]:
@@ -168,6 +200,19 @@ def _recorded_plan(cache: Cache, key: str) -> dict[str, Any] | None:
     return plan if isinstance(plan, dict) else None
 
 
+def _index_wheel(choice: IndexChoice, cache: Cache, output: Output) -> BuiltWheel:
+    """The chosen index wheel, downloaded into the cache (kept by its sha256) and checked through
+    (index/choose.fetch_verified) before pip sees it."""
+    assert choice.chosen is not None
+    started = time.monotonic()
+    output.status(f"fetching {choice.chosen.link.filename} from the index {choice.index.spec}")
+    fetched = fetch_verified(choice, cache.root / "index")
+    output.status(f"checked {fetched.path.name}: sha256, every file against its RECORD, its ops and torch against "
+                  "its plan")
+    return BuiltWheel(fetched.path, fetched.sha256, str(fetched.published.get("source_commit") or ""),
+                      str(fetched.published.get("tree_hash") or ""), True, None, time.monotonic() - started)
+
+
 def run_install(prepared: Prepared, request: InstallRequest, output: Output,
                 progress: BuildProgress | None = None) -> InstallOutcome:
     """Everything from the receipt to the new receipt runs under the environment's lock: a second install
@@ -208,12 +253,16 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
         if interrupted is None and receipt is not None and receipt.cache_key == plan.cache_key and reasons:
             output.warn("the installed DeepSpeed is not what was installed: " + "; ".join(reasons)
                         + "; reinstalling")
-        built = build_wheel(plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
-                            progress=progress, status=output.status)
-        output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
-                      + built.wheel.name)
+        if prepared.index is not None and prepared.index.chosen is not None:
+            built = _index_wheel(prepared.index, cache, output)
+        else:
+            built = build_wheel(plan, prepared.recipe, prepared.spec, cache, os.environ, force=request.rebuild,
+                                progress=progress, status=output.status)
+            output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
+                          + built.wheel.name)
         new_receipt = install_wheel(plan, built, prefix, status=output.status, warn=output.warn,
-                                    replace_bad_receipt=forced, before=before, lock=lock, interrupted=interrupted)
+                                    replace_bad_receipt=forced, before=before, lock=lock, interrupted=interrupted,
+                                    origin=plan.prebuilt)
     report = None
     if request.verify:
         output.status("verifying the install (mlstack-ds verify)")

@@ -39,11 +39,13 @@ from mlstack_ds.install.nodes import (
     NodeResult,
     check_platforms,
     gpu_archs,
+    head_wheel,
+    index_for_nodes,
     install_groups,
     node_install_args,
     union_archs,
 )
-from mlstack_ds.install.pipeline import InstallRequest, prepare, run_build
+from mlstack_ds.install.pipeline import InstallRequest, prepare
 from mlstack_ds.launch import srun
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.verify.suite import VerifyOptions, run_verify
@@ -75,12 +77,14 @@ def run_slurm_install(request: InstallRequest, output: Output, progress: BuildPr
     check_platforms(facts, plan.platform)
     if dry_run:
         return HostfileOutcome(plan, None, tuple(results.values()))
-    built = run_build(prepared, effective, output, progress).built
-    output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ") + built.wheel.name)
     cache_root = Cache.open(request.cache_dir).root.absolute()
+    index = index_for_nodes(prepared, output)
+    wheel = None if index else head_wheel(prepared, effective, output, progress)
     node_args = node_install_args(effective, python, cache_root, plan.archs if plan.platform == "rocm" else (),
-                                  plan.cache_key)
-    groups = group_nodes(allocation, facts, built.wheel.parent, Path(facts[0].prefix), env=environ, output=output)
+                                  plan.cache_key, index=index)
+    (cache_root / "tmp").mkdir(parents=True, exist_ok=True)
+    groups = group_nodes(allocation, facts, wheel.parent if wheel else cache_root / "tmp", Path(facts[0].prefix),
+                         env=environ, output=output, need_cache=wheel is not None)
 
     def install(group: NodeGroup) -> ToolRun:
         return run_tool_on(allocation, group.leader.host, node_args, timeout_s=INSTALL_TIMEOUT_S, env=environ)
@@ -93,13 +97,13 @@ def run_slurm_install(request: InstallRequest, output: Output, progress: BuildPr
             return exc.message
         return None if run.ok else run.error_message()
 
-    install_groups(groups, results, ops=NodeOps(cache=lambda _host: "shared", install=install, rollback=rollback),
-                   python=python, output=output)
+    install_groups(groups, results, ops=NodeOps(cache=lambda _host: "shared" if wheel else "index", install=install,
+                                                rollback=rollback), python=python, output=output)
     report = None
     if request.verify:
         output.status(f"verifying across the {len(hosts)} node(s) (mlstack-ds verify --slurm)")
         report = run_verify(VerifyOptions(python=python, slurm=True), status=output.status)
-    return HostfileOutcome(plan, built.wheel, tuple(results.values()), report)
+    return HostfileOutcome(plan, wheel, tuple(results.values()), report)
 
 
 def detect_nodes(allocation: slurm.Allocation, python: Path, env: Mapping[str, str]) -> list[NodeFacts]:
@@ -130,9 +134,10 @@ def detect_nodes(allocation: slurm.Allocation, python: Path, env: Mapping[str, s
 
 
 def group_nodes(allocation: slurm.Allocation, facts: Sequence[NodeFacts], cache_entry: Path, prefix: Path, *,
-                env: Mapping[str, str], output: Output) -> list[NodeGroup]:
-    """Which nodes see this host's cache entry (all must) and its target environment (those form one group,
-    installed once); the others are groups of one (node-local environments)."""
+                env: Mapping[str, str], output: Output, need_cache: bool = True) -> list[NodeGroup]:
+    """Which nodes see this host's cache entry (all must, unless they install from an index: `need_cache`)
+    and its target environment (those form one group, installed once); the others are groups of one
+    (node-local environments)."""
     token = secrets.token_hex(8)
     cache_probe, env_probe = cache_entry / f"{PROBE_NAME}{token}", prefix / f"{PROBE_NAME}{token}"
     written = []
@@ -150,7 +155,7 @@ def group_nodes(allocation: slurm.Allocation, facts: Sequence[NodeFacts], cache_
         for probe in written:
             probe.unlink(missing_ok=True)
     blind = [f.host for f in facts if str(cache_probe) not in answers.get(f.host, "").splitlines()]
-    if blind:
+    if blind and need_cache:
         raise EnvironmentProblem(f"node(s) {', '.join(blind)} do not see the wheel cache {cache_entry.parent.parent}",
                                  hint="install --slurm installs the wheel from the cache: give --cache-dir on a file "
                                  "system every node sees (e.g. under $HOME)")

@@ -110,6 +110,7 @@ def install_wheel(
     before: InstalledState | None = None,
     lock: TargetLock | None = None,
     interrupted: Journal | None = None,
+    origin: str | None = None,
 ) -> Receipt:
     """Install `built` into the plan's interpreter and write the receipt. Torch is left untouched.
     A DeepSpeed we did not install is packed into a wheel first, so `rollback` can put it back.
@@ -118,7 +119,8 @@ def install_wheel(
     but this function changes the environment, and the build in between never touches it).
     `lock`: the environment's lock the caller holds (pip inherits it). `interrupted`: the journal of an
     earlier change that was killed (this install repairs it: what was there before *that* change stays
-    the previous install). The journal is written before pip swaps DeepSpeed and removed after the receipt."""
+    the previous install). The journal is written before pip swaps DeepSpeed and removed after the receipt.
+    `origin`: where the wheel came from when it was not built here (an index wheel's URL, kept in the receipt)."""
     python = plan.target_python
     if before is None:
         before = probe_installed(python)
@@ -160,7 +162,7 @@ def install_wheel(
             raise
         lift_guard(journal)  # the files are complete: the check below finds DeepSpeed the way imports do
         try:
-            receipt = _checked_receipt(plan, built, before, previous)
+            receipt = _checked_receipt(plan, built, before, previous, origin)
         except MlstackError:  # a complete install, not the planned one: reported, not interrupted
             end_change(prefix, journal)
             raise
@@ -184,8 +186,8 @@ def _previous_of_interrupted(journal: Journal, old: Receipt | None, cache_key: s
     return PreviousInstall(journal.from_version)
 
 
-def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState, previous: PreviousInstall
-                     ) -> Receipt:
+def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState, previous: PreviousInstall,
+                     origin: str | None = None) -> Receipt:
     """Check what pip installed (torch untouched, the planned ops) and describe it."""
     python = plan.target_python
     after = probe_installed(python)
@@ -206,7 +208,7 @@ def _checked_receipt(plan: BuildPlan, built: BuiltWheel, before: InstalledState,
         ops=list(plan.built_ops), flags=dict(plan.env), wheel=str(built.wheel), wheel_sha256=built.sha256,
         torch_version=after.torch_version or "", python=python, cache_key=plan.cache_key,
         installed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        previous=previous, tool_version=__version__,
+        previous=previous, tool_version=__version__, origin=origin,
     )
     return receipt
 

@@ -68,9 +68,14 @@ class Receipt:
     previous: PreviousInstall = field(default_factory=lambda: PreviousInstall(None))
     schema: int = RECEIPT_SCHEMA
     tool_version: str = ""
+    # Where the wheel came from when it was not built here: the URL of an index's wheel (`install --index`).
+    origin: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["origin"] is None:  # receipts of local builds stay readable by earlier versions
+            del data["origin"]
+        return data
 
     @classmethod
     def from_dict(cls, data: object) -> Receipt:
@@ -87,9 +92,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
                                "tree_hash", "platform", "accelerator", "wheel", "wheel_sha256",
                                "torch_version", "python", "cache_key", "installed_at", "tool_version")},
     "patches": (list,), "archs": (list,), "ops": (list,), "flags": (dict,), "schema": (int,),
-    "previous": (dict, type(None)),
+    "previous": (dict, type(None)), "origin": _OPT_STR,
 }
-_OPTIONAL = frozenset({"previous", "schema", "tool_version"})
+_OPTIONAL = frozenset({"previous", "schema", "tool_version", "origin"})
 _PREVIOUS_TYPES: dict[str, tuple[type, ...]] = {
     "deepspeed_version": _OPT_STR, "wheel": _OPT_STR, "receipt": (dict, type(None)), "wheel_sha256": _OPT_STR,
 }

@@ -42,6 +42,9 @@ class PlanOptions:
     patches: bool = True
     source_pin: str | None = None  # what the build will use (source.fetch.source_pin); None: the recipe's
     source_notes: tuple[str, ...] = ()  # what the plan says about that source (a dirty checkout, ...)
+    # `install --index`: a prebuilt wheel may make the compilers unnecessary, so a missing one is recorded in
+    # `BuildPlan.toolchain_missing` (and raised only if the plan must be built here) instead of refused now.
+    toolchain_optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class BuildPlan:
     torch_hip: str | None = None  # the ROCm torch's HIP version: a wheel's ops are built against it
     torch_cuda: str | None = None
     rocm_wheels: str | None = None  # the version of TheRock's ROCm wheels the ops are built against
+    rocm_version: str | None = None  # ROCm major.minor of this machine (a published wheel's is matched on it)
+    # What building here lacks, as (message, hint), when `PlanOptions.toolchain_optional`: empty otherwise.
+    toolchain_missing: tuple[tuple[str, str], ...] = ()
+    prebuilt: str | None = None  # the URL of the index wheel installed instead of building (install --index)
 
     @property
     def built_ops(self) -> tuple[str, ...]:
@@ -122,6 +129,7 @@ def make_plan(
     wavefront: int | None = None
     targets_source = ""
     rocm_wheels: str | None = None
+    toolchain_problems: list[EnvironmentProblem] = []
     if options.archs and platform != "rocm":
         raise UsageError(f"--arch applies to ROCm builds; this is a {platform} machine",
                          hint="leave out --arch")
@@ -146,22 +154,29 @@ def make_plan(
         elif environment.rocm and environment.rocm.root:
             env["ROCM_HOME"] = environment.rocm.root
         if not toolchain.hipcc:
-            raise EnvironmentProblem("hipcc not found (needed to compile the ROCm ops)", hint=hint_from(HIPCC_FIX))
+            toolchain_problems.append(EnvironmentProblem("hipcc not found (needed to compile the ROCm ops)",
+                                                         hint=hint_from(HIPCC_FIX)))
     elif platform == "cuda":
         arch_list = cuda_arch_list(environment)
         if arch_list:
             env["TORCH_CUDA_ARCH_LIST"] = arch_list
             archs = tuple(arch_list.split(";"))
         if not toolchain.nvcc:
-            raise EnvironmentProblem("nvcc not found (needed to compile the CUDA ops)",
-                                     hint="install the CUDA toolkit matching torch, or set CUDA_HOME")
+            toolchain_problems.append(EnvironmentProblem(
+                "nvcc not found (needed to compile the CUDA ops)",
+                hint="install the CUDA toolkit matching torch, or set CUDA_HOME"))
     if toolchain.python_headers is False:
-        raise EnvironmentProblem(f"Python headers (Python.h) missing for {environment.python.executable}",
-                                 hint=hint_from(PYTHON_HEADERS_FIX))
+        toolchain_problems.append(EnvironmentProblem(
+            f"Python headers (Python.h) missing for {environment.python.executable}",
+            hint=hint_from(PYTHON_HEADERS_FIX)))
     if not toolchain.cxx:
         named = environment.env.get("CXX")
-        raise EnvironmentProblem(f"the C++ compiler CXX={named} is not found" if named else
-                                 "no C++ compiler found (none of c++, g++, clang++ on PATH)", hint=hint_from(CXX_FIX))
+        toolchain_problems.append(EnvironmentProblem(
+            f"the C++ compiler CXX={named} is not found" if named else
+            "no C++ compiler found (none of c++, g++, clang++ on PATH)", hint=hint_from(CXX_FIX)))
+    missing = tuple((problem.message, problem.hint) for problem in toolchain_problems)
+    if missing and not options.toolchain_optional:
+        raise toolchain_problems[0]
 
     decisions = []
     for op in build.ops:
@@ -195,6 +210,7 @@ def make_plan(
         python_version=environment.python.version, torch_version=torch.version,
         cache_key="", notes=tuple(notes), targets_source=targets_source, concurrency=concurrency,
         torch_hip=torch.hip, torch_cuda=torch.cuda, rocm_wheels=rocm_wheels,
+        rocm_version=rocm_major_minor(environment) if platform == "rocm" else None, toolchain_missing=missing,
     )
     return replace(plan, cache_key=cache_key(key_material(plan.to_dict())))
 
@@ -293,6 +309,17 @@ def _refuse_wrong_torch(environment: Environment) -> None:
             f"this is an NVIDIA GPU machine but {python} has a {torch.build.upper()} PyTorch ({torch.version})",
             hint="install a CUDA build of PyTorch (pytorch.org)",
         )
+
+
+def rocm_major_minor(environment: Environment) -> str | None:
+    """The ROCm release the ops are compiled against, as major.minor: the wheels', the system's, else the
+    HIP version torch names (when it names a ROCm release)."""
+    if environment.rocm_wheels is not None and environment.rocm and environment.rocm.kind == "wheels":
+        return major_minor(environment.rocm_wheels.version)
+    if environment.rocm and environment.rocm.version:
+        return major_minor(environment.rocm.version)
+    hip = major_minor(environment.torch.hip) if environment.torch else None
+    return hip if hip and hip_names_rocm(hip) else None
 
 
 def _require_rocm_devel(wheels: RocmWheels, python: str) -> str:

@@ -16,7 +16,8 @@ from mlstack_ds.detect.model import Environment, TorchInfo
 from mlstack_ds.errors import EnvironmentProblem, UsageError
 
 TargetSource = Literal["flag", "environment", "detected"]
-TARGET_SOURCE_TEXT = {"flag": "--arch", "environment": "PYTORCH_ROCM_ARCH", "detected": "the detected GPUs"}
+TARGET_SOURCE_TEXT = {"flag": "--arch", "environment": "PYTORCH_ROCM_ARCH", "detected": "the detected GPUs",
+                      "index": "the index wheel's plan (covering this machine's)"}
 
 
 @dataclass(frozen=True)

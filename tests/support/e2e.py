@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -73,3 +78,40 @@ def processes_mentioning(marker: str) -> list[int]:
         if marker in cmdline:
             found.append(int(entry.name))
     return found
+
+
+@contextlib.contextmanager
+def served(directory: Path) -> Iterator[str]:
+    """`python -m http.server` on the loopback address serving `directory`; yields its base URL."""
+    from mlstack_ds.launch.launcher import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "--directory",
+                             str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+# What a machine without a compiler still has on PATH (no gcc, g++, c++, cc, clang, hipcc, nvcc).
+NO_COMPILER_TOOLS = ("git", "sh", "bash", "env", "uname", "ldconfig", "cat", "ls", "rm", "mkdir", "sleep")
+COMPILERS = ("gcc", "g++", "c++", "cc", "clang", "clang++", "hipcc", "nvcc", "ld")
+
+
+def no_compiler_path(directory: Path) -> str:
+    """A PATH directory of links to the few tools a machine without any compiler has; returns the PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for tool in NO_COMPILER_TOOLS:
+        found = shutil.which(tool)
+        if found and not (directory / tool).exists():
+            (directory / tool).symlink_to(found)
+    path = str(directory)
+    assert not [c for c in COMPILERS if shutil.which(c, path=path)], "the PATH still has a compiler"
+    return path

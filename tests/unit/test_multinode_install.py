@@ -48,6 +48,14 @@ def test_node_install_args_carry_the_heads_choices_and_never_build() -> None:
     assert "--rebuild" not in args and "--jobs" not in args  # the node builds nothing
 
 
+def test_with_an_index_each_node_installs_from_it_and_still_never_builds() -> None:
+    args = node_install_args(InstallRequest(), Path("/v/bin/python"), Path("/c"), ("gfx942",), "k" * 24,
+                             index="http://idx:8080/simple")
+    assert args == ["install", "--python", "/v/bin/python", "--cache-dir", "/c", "--recipe", "0.19.5",
+                    "--source", "pypi", "--index", "http://idx:8080/simple", "--index-only", "--no-verify",
+                    "--arch", "gfx942"]
+
+
 def test_tool_argv_runs_this_interpreter_with_this_package_and_the_plan_variables() -> None:
     argv = tool_argv(["--version"], {"DS_ACCELERATOR": "cpu", "HIP_VISIBLE_DEVICES": "0", "CXX": ""})
     package_parent = Path(mlstack_ds.__file__).resolve().parent.parent

@@ -8,33 +8,44 @@ from mlstack_ds.detect.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_H
 from mlstack_ds.doctor.model import DoctorInput, Hit, Rule
 from mlstack_ds.doctor.rules.common import rocm_torch
 
+PREBUILT_NOTE = "info when an index wheel fits this machine (doctor --index URL, or MLSTACK_DS_INDEX): nothing " \
+    "is compiled then"
+
+
+def _needed(inp: DoctorInput, evidence: str) -> Hit:
+    """A missing build tool: the rule's severity, or info when the index has a wheel for this machine."""
+    if inp.prebuilt:
+        return Hit(f"{evidence}; not needed: the index wheel {inp.prebuilt} fits this machine "
+                   "(install --index takes it, nothing is compiled)", severity="info")
+    return Hit(evidence)
+
 
 def no_hipcc(inp: DoctorInput) -> Hit | None:
     if not rocm_torch(inp) or inp.facts.tools.get("hipcc"):
         return None
     home = inp.facts.rocm_home or "none"
-    return Hit(f"hipcc is not on PATH nor under ROCM_PATH/ROCM_HOME (ROCm home: {home})")
+    return _needed(inp, f"hipcc is not on PATH nor under ROCM_PATH/ROCM_HOME (ROCm home: {home})")
 
 
 def no_ninja(inp: DoctorInput) -> Hit | None:
     if inp.env.torch is None or inp.facts.tools.get("ninja"):
         return None
-    return Hit("ninja is not on PATH")
+    return _needed(inp, "ninja is not on PATH")
 
 
 def no_python_headers(inp: DoctorInput) -> Hit | None:
     include = inp.facts.python_include
     if inp.facts.python_headers or include is None:
         return None  # an unknown include dir means the target did not answer: detect warns about that
-    return Hit(f"Python.h not found in {include} (interpreter {inp.env.python.executable})")
+    return _needed(inp, f"Python.h not found in {include} (interpreter {inp.env.python.executable})")
 
 
 def no_cxx_compiler(inp: DoctorInput) -> Hit | None:
     if inp.facts.cxx_compiler:
         return None
     if inp.facts.cxx_variable:
-        return Hit(f"CXX={inp.facts.cxx_variable} is not found (a build would use it)")
-    return Hit("none of c++, g++, clang++ is on PATH")
+        return _needed(inp, f"CXX={inp.facts.cxx_variable} is not found (a build would use it)")
+    return _needed(inp, "none of c++, g++, clang++ is on PATH")
 
 
 def no_libaio_headers(inp: DoctorInput) -> Hit | None:
@@ -52,6 +63,7 @@ RULES: tuple[Rule, ...] = (
         fix=HIPCC_FIX,
         source="F05/F06 (ROCm paths not found; ops that need a ROCm/CUDA home crash)",
         check=no_hipcc,
+        severity_note=PREBUILT_NOTE,
     ),
     Rule(
         id="MLS-BUILD-002", severity="warning", title="ninja is not installed",
@@ -61,6 +73,7 @@ RULES: tuple[Rule, ...] = (
         source="ds_report fixtures (`JIT compiled ops requires ninja`); DeepSpeed 0.19.5 deepspeed/env_report.py "
         "(`ninja` + 18 dots + `[FAIL]` in red when torch's is_ninja_available() is false)",
         check=no_ninja,
+        severity_note=PREBUILT_NOTE,
         log_patterns=(re.compile(r"ninja \.+ \[FAIL\]"),),
     ),
     Rule(
@@ -70,6 +83,7 @@ RULES: tuple[Rule, ...] = (
         source="issue #7 build prerequisites (no catalogue entry): torch's cpp_extension compiles every "
         "op against the target interpreter's headers",
         check=no_python_headers,
+        severity_note=PREBUILT_NOTE,
     ),
     Rule(
         id="MLS-BUILD-004", severity="error", title="No C++ compiler",
@@ -78,6 +92,7 @@ RULES: tuple[Rule, ...] = (
         source="issue #7 build prerequisites; F04/F15 (cpu_adam and other CPU ops are compiled with "
         "the host C++ compiler)",
         check=no_cxx_compiler,
+        severity_note=PREBUILT_NOTE,
     ),
     Rule(
         id="MLS-BUILD-005", severity="info",
