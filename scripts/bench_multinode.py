@@ -15,7 +15,6 @@ Needs root (namespaces), sshd and pdsh (scripts/test.sh installs them). Writes J
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import _repo  # noqa: F401  (the tests' support package: the two-host harness)
+from benchdoc import publish_result
 from support.two_hosts import TwoHosts, head_cli, two_hosts
 
 GOAL_RATIO = 2.0
@@ -110,17 +110,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--markdown-out", type=Path)
     args = parser.parse_args(argv)
     result = measure(args.python, args.runs, args.only, args.install_python, args.cache_dir)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json_out:
-        args.json_out.write_text(text + "\n")
-    section = markdown(result)
-    print(section)
-    if args.markdown_out:
-        from benchdoc import replace_section  # noqa: PLC0415
-
-        current = args.markdown_out.read_text() if args.markdown_out.exists() else ""
-        args.markdown_out.write_text(replace_section(current, "## multi-node", section))
+    publish_result(result, markdown(result), "## multi-node", args.json_out, args.markdown_out)
     return 0
 
 

@@ -15,7 +15,6 @@ and the `## Slurm` section of docs/benchmarks.md (`--markdown-out`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import _repo
+from benchdoc import publish_result
 from support.cli import cli_argv
 from support.slurm_cluster import SlurmCluster, slurm_cluster
 
@@ -98,17 +98,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--markdown-out", type=Path)
     args = parser.parse_args(argv)
     result = measure(args.python, args.runs, args.only)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json_out:
-        args.json_out.write_text(text + "\n")
-    section = markdown(result)
-    print(section)
-    if args.markdown_out:
-        from benchdoc import replace_section  # noqa: PLC0415
-
-        current = args.markdown_out.read_text() if args.markdown_out.exists() else ""
-        args.markdown_out.write_text(replace_section(current, "## Slurm", section))
+    publish_result(result, markdown(result), "## Slurm", args.json_out, args.markdown_out)
     return 0
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 
 def replace_section(document: str, heading: str, section: str) -> str:
     """`document` with the section starting at the line `heading` replaced by `section` (appended when
@@ -14,3 +18,17 @@ def replace_section(document: str, heading: str, section: str) -> str:
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     tail = "".join(lines[end:])
     return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+
+
+def publish_result(result: dict[str, Any], section: str, heading: str, json_out: Path | None,
+                   markdown_out: Path | None) -> None:
+    """Print a benchmark's JSON and markdown section, and write them where asked (the section replacing
+    its own `heading` in `markdown_out`)."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if json_out:
+        json_out.write_text(text + "\n")
+    print(section)
+    if markdown_out:
+        current = markdown_out.read_text() if markdown_out.exists() else ""
+        markdown_out.write_text(replace_section(current, heading, section))
