@@ -273,18 +273,10 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     # so the first node that cannot take part is the one named, and its line comes after its predecessors'
     facts: list[NodeFacts] = on_each([h.host for h in hosts], lambda host: node_facts(host, python),
                                      done=ready, in_order=True)
-    archs = union_archs({f.host: f.archs for f in facts}) if request.archs is None else ()
-    effective = replace(request, archs=",".join(archs)) if archs else request
-    prepared = prepare(effective)
-    plan = prepared.plan
-    check_platforms(facts, plan.platform)
+    plan = plan_for_nodes(request, facts)
     if dry_run:
-        return HostfileOutcome(plan, None, tuple(results.values()))
-    cache_root = Cache.open(request.cache_dir).root.absolute()
-    index = index_for_nodes(prepared, output)
-    wheel = None if index else head_wheel(prepared, effective, output, progress)
-    node_args = node_install_args(effective, python, cache_root, plan.archs if plan.platform == "rocm" else (),
-                                  plan.cache_key, index=index)
+        return HostfileOutcome(plan.plan, None, tuple(results.values()))
+    wheel, cache_root, node_args = wheel_for_nodes(plan, python, output, progress)
     groups = group_by_environment(facts, output.status)
     ssh_ops = NodeOps(cache=lambda host: ensure_cached(host, wheel, cache_root) if wheel else "index",
                       install=lambda group: install_on(group, node_args), rollback=rollback_on)
@@ -296,7 +288,39 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     if request.verify:
         output.status(f"verifying across the {len(hosts)} node(s) (mlstack-ds verify --hostfile)")
         report = run_verify(VerifyOptions(python=python, hostfile=hostfile), status=output.status)
-    return HostfileOutcome(plan, wheel, tuple(results.values()), report)
+    return HostfileOutcome(plan.plan, wheel, tuple(results.values()), report)
+
+
+@dataclass(frozen=True)
+class NodesPlan:
+    """The one plan every node gets: for the union of their GPU targets, unless the user named targets."""
+    request: InstallRequest  # with those targets
+    prepared: Prepared
+
+    @property
+    def plan(self) -> BuildPlan:
+        return self.prepared.plan
+
+
+def plan_for_nodes(request: InstallRequest, facts: Sequence[NodeFacts]) -> NodesPlan:
+    archs = union_archs({f.host: f.archs for f in facts}) if request.archs is None else ()
+    effective = replace(request, archs=",".join(archs)) if archs else request
+    prepared = prepare(effective)
+    check_platforms(facts, prepared.plan.platform)
+    return NodesPlan(effective, prepared)
+
+
+def wheel_for_nodes(nodes: NodesPlan, python: Path, output: Output, progress: BuildProgress | None
+                    ) -> tuple[Path | None, Path, list[str]]:
+    """(the wheel built or reused here, or None when every node installs from the index; the head's cache
+    root; the install command line each node runs)."""
+    plan = nodes.plan
+    cache_root = Cache.open(nodes.request.cache_dir).root.absolute()
+    index = index_for_nodes(nodes.prepared, output)
+    wheel = None if index else head_wheel(nodes.prepared, nodes.request, output, progress)
+    node_args = node_install_args(nodes.request, python, cache_root, plan.archs if plan.platform == "rocm" else (),
+                                  plan.cache_key, index=index)
+    return wheel, cache_root, node_args
 
 
 def index_for_nodes(prepared: Prepared, output: Output) -> str | None:

@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from mlstack_ds.build.wheel import BuildProgress
@@ -37,17 +36,13 @@ from mlstack_ds.install.nodes import (
     NodeGroup,
     NodeOps,
     NodeResult,
-    check_platforms,
     gpu_archs,
-    head_wheel,
-    index_for_nodes,
     install_groups,
-    node_install_args,
-    union_archs,
+    plan_for_nodes,
+    wheel_for_nodes,
 )
-from mlstack_ds.install.pipeline import InstallRequest, prepare
+from mlstack_ds.install.pipeline import InstallRequest
 from mlstack_ds.launch import srun
-from mlstack_ds.source.cache import Cache
 from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
 PROBE_NAME = ".mlstack-ds-slurm-probe-"
@@ -70,18 +65,10 @@ def run_slurm_install(request: InstallRequest, output: Output, progress: BuildPr
         results[found.host].action = "checked"
         output.status(f"{found.host}: ready ({found.platform}"
                       + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
-    archs = union_archs({f.host: f.archs for f in facts}) if request.archs is None else ()
-    effective = replace(request, archs=",".join(archs)) if archs else request
-    prepared = prepare(effective)
-    plan = prepared.plan
-    check_platforms(facts, plan.platform)
+    plan = plan_for_nodes(request, facts)
     if dry_run:
-        return HostfileOutcome(plan, None, tuple(results.values()))
-    cache_root = Cache.open(request.cache_dir).root.absolute()
-    index = index_for_nodes(prepared, output)
-    wheel = None if index else head_wheel(prepared, effective, output, progress)
-    node_args = node_install_args(effective, python, cache_root, plan.archs if plan.platform == "rocm" else (),
-                                  plan.cache_key, index=index)
+        return HostfileOutcome(plan.plan, None, tuple(results.values()))
+    wheel, cache_root, node_args = wheel_for_nodes(plan, python, output, progress)
     (cache_root / "tmp").mkdir(parents=True, exist_ok=True)
     groups = group_nodes(allocation, facts, wheel.parent if wheel else cache_root / "tmp", Path(facts[0].prefix),
                          env=environ, output=output, need_cache=wheel is not None)
@@ -103,7 +90,7 @@ def run_slurm_install(request: InstallRequest, output: Output, progress: BuildPr
     if request.verify:
         output.status(f"verifying across the {len(hosts)} node(s) (mlstack-ds verify --slurm)")
         report = run_verify(VerifyOptions(python=python, slurm=True), status=output.status)
-    return HostfileOutcome(plan, wheel, tuple(results.values()), report)
+    return HostfileOutcome(plan.plan, wheel, tuple(results.values()), report)
 
 
 def detect_nodes(allocation: slurm.Allocation, python: Path, env: Mapping[str, str]) -> list[NodeFacts]:

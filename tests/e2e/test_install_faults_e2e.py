@@ -90,6 +90,16 @@ class Watched:
         return "\n".join(line for _, line in sorted(self.lines))
 
 
+def holding_the_lock(target: Target, install: Watched) -> None:
+    """Wait until `install` holds the environment's install lock (its pid is in the lock file)."""
+    lock = target.venv / "share" / "mlstack-ds" / "install.lock"
+    deadline = time.monotonic() + 300
+    while str(install.proc.pid) not in (lock.read_text() if lock.exists() else ""):
+        assert install.proc.poll() is None, f"the install ended before it held the lock:\n{install.text()}"
+        assert time.monotonic() < deadline, f"no lock after 300 s:\n{install.text()}"
+        time.sleep(0.05)
+
+
 def test_two_installs_into_one_environment_are_serialized(scratch: Target) -> None:
     receipt = scratch.venv / "share" / "mlstack-ds" / "receipt.json"
     started = time.time()
@@ -101,7 +111,10 @@ def test_two_installs_into_one_environment_are_serialized(scratch: Target) -> No
 
     args = ("install", "--python", scratch.python, "--cache-dir", str(scratch.cache), "--force", "--no-verify")
     first = Watched(*args)
-    time.sleep(0.5)
+    # The issue's two installs were 0.5 s apart; under load the first needed longer than that to reach the
+    # lock, the second took it first and neither waited (run 2 under load). So the second starts once the
+    # first holds the lock, which is the case this test is about.
+    holding_the_lock(scratch, first)
     second = Watched(*args, on_line=second_goes_on)
     assert (first.wait(), second.wait()) == (0, 0), first.text() + "\n---\n" + second.text()
     assert f"waiting for another mlstack-ds install into {scratch.python} (pid {first.proc.pid})" in second.text()
@@ -115,11 +128,7 @@ def test_two_installs_into_one_environment_are_serialized(scratch: Target) -> No
 def test_a_second_install_with_lock_timeout_0_is_refused(scratch: Target) -> None:
     args = ("install", "--python", scratch.python, "--cache-dir", str(scratch.cache), "--force", "--no-verify")
     first = Watched(*args)
-    lock = scratch.venv / "share" / "mlstack-ds" / "install.lock"
-    deadline = time.monotonic() + 300
-    while (first.proc.poll() is None and time.monotonic() < deadline
-           and str(first.proc.pid) not in (lock.read_text() if lock.exists() else "")):
-        time.sleep(0.05)
+    holding_the_lock(scratch, first)
     refused = scratch.install("--force", "--no-verify", "--lock-timeout", "0")
     assert first.wait() == 0, first.text()
     assert refused.returncode == 7, refused.stderr
