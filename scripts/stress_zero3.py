@@ -237,8 +237,12 @@ def launch_once(index: int, args: argparse.Namespace) -> RunOutcome:
         seconds = time.monotonic() - started
         files = sorted(Path(result_dir).glob("rank*.json"))
         if proc.returncode != 0 or len(files) != WORLD_SIZE:
+            # what says which rank died and how (torchrun's "exitcode : -6", "Signal 6 (SIGABRT)", libstdc++'s
+            # "terminate called ..."), else the last error lines: a bare ChildFailedError says neither
+            why = [line.strip() for line in output.splitlines()
+                   if any(mark in line for mark in ("exitcode", "Signal ", "terminate called", "Traceback"))]
             errors = [line for line in output.splitlines() if "Error" in line or "error" in line]
-            tail = " | ".join((errors or output.strip().splitlines())[-3:])
+            tail = " | ".join(why[-6:] + (errors or output.strip().splitlines())[-3:])
             return RunOutcome(index, "failed", seconds,
                               detail=f"launcher exit {proc.returncode}, {len(files)} result files: {tail}")
         results = [json.loads(f.read_text()) for f in files]

@@ -21,7 +21,7 @@ SMALL_BUCKETS = {"zero_optimization": {"reduce_bucket_size": 2_000_000, "allgath
                                        "stage3_max_live_parameters": 2_000_000, "stage3_max_reuse_distance": 2_000_000}}
 
 # The --json document (schema 1, docs/benchmarks.md "bench"): exactly these keys, so a change is deliberate.
-REPORT_KEYS = {"schema", "python", "machine", "spec", "runs", "scaling", "comparison", "ok"}
+REPORT_KEYS = {"schema", "python", "machine", "spec", "runs", "scaling", "scaling_reference", "comparison", "ok"}
 RUN_KEYS = {"world_size", "stage", "status", "reason", "samples_per_s", "tokens_per_s", "model_tflops_per_s",
             "peak_memory_bytes", "peak_memory_kind", "live_tensor_bytes", "precision", "params", "flops_per_sample",
             "step_times_s", "duration_s", "hosts"}
