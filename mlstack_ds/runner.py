@@ -19,11 +19,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mlstack_ds.errors import ToolError, ToolMissing, ToolTimedOut
 
 DEFAULT_TIMEOUT_S = 60.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def run(
     input_text: str | None = None,
     pass_fds: Sequence[int] = (),
     terminate_s: float = 0.0,
+    stall_s: float | None = None,
 ) -> RunResult:
     """Run `argv` to completion, capturing text output; raise ToolMissing/ToolTimedOut/ToolError.
 
@@ -74,20 +76,60 @@ def run(
     child keeps (an install lock, held as long as the pip holding it runs). On time-out or Ctrl-C the
     child's session is SIGKILLed; with `terminate_s`, it gets SIGTERM first and that long to exit (srun:
     SIGTERM makes it kill its job step on every node, SIGKILL would leave the step running).
+    `stall_s`: see `wait_patiently` (`timeout` is then the ceiling).
     """
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
     proc = _start(args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, pass_fds=pass_fds)
+    first = [True]
+
+    def communicate(seconds: float) -> tuple[str, str]:
+        # Retrying communicate() after its TimeoutExpired loses no output and no input (Popen keeps both).
+        sent, first[0] = input_text if first[0] else None, False
+        return proc.communicate(input=sent, timeout=seconds)
+
     try:
-        stdout, stderr = proc.communicate(input=input_text, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        _terminate(proc, terminate_s)
-        raise _timed_out(args, timeout) from exc
+        stdout, stderr = wait_patiently(proc, communicate, args, started=started, timeout=timeout,
+                                        stall_s=stall_s)
     except BaseException:
         _terminate(proc, terminate_s)
         raise
     return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+
+
+POLL_S = 1.0  # how often a patient wait looks at the child's progress
+
+
+def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args: tuple[str, ...], *,
+                   started: float, timeout: float, stall_s: float | None) -> T:
+    """`wait(seconds)` (raising TimeoutExpired) until the child ends; ToolTimedOut when `timeout` s have
+    passed since `started`, or, with `stall_s`, when its session made no progress for that long.
+
+    Why progress and not only wall time: a torch import takes 10 s on a quiet machine and minutes on one
+    thrashing under parallel compiles (measured: 111 s at a load of 25, against a 120 s limit). Killed
+    there, the tool answered "PyTorch is not installed". A hung driver or lock uses no CPU and reads
+    nothing, so it is still stopped after `stall_s`; a slow import keeps going up to the ceiling."""
+    deadline = started + timeout
+    if stall_s is None:
+        try:
+            return wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired as exc:
+            raise _timed_out(args, timeout) from exc
+    seen, moved = session_progress(proc.pid), time.monotonic()
+    while True:
+        now = time.monotonic()
+        try:
+            return wait(max(0.0, min(POLL_S, deadline - now, moved + stall_s - now)))
+        except subprocess.TimeoutExpired as exc:
+            now = time.monotonic()
+            current = session_progress(proc.pid)
+            if current != seen:
+                seen, moved = current, now
+            if now >= deadline:
+                raise _timed_out(args, timeout) from exc
+            if now - moved >= stall_s:
+                raise _stalled(args, stall_s) from exc
 
 
 def _terminate(proc: subprocess.Popen[str], grace_s: float) -> None:
@@ -105,9 +147,10 @@ class Background:
     importing torch) and, meanwhile, runs the quick tools, and Ctrl-C still stops both at once."""
 
     def __init__(self, args: tuple[str, ...], timeout: float, env: Mapping[str, str] | None,
-                 input_text: str | None = None) -> None:
+                 input_text: str | None = None, stall_s: float | None = None) -> None:
         self.args = args
         self.timeout = timeout
+        self.stall_s = stall_s
         self.started = time.monotonic()
         # Files, not pipes: nobody reads the output until result(), and a full pipe would stall the child.
         self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 close()
@@ -130,12 +173,12 @@ class Background:
         if self._start_error is not None:
             raise self._start_error
         assert self._proc is not None
-        remaining = max(0.0, self.started + self.timeout - time.monotonic())
         try:
-            self._proc.wait(timeout=remaining)
-        except subprocess.TimeoutExpired as exc:
+            wait_patiently(self._proc, lambda seconds: self._proc.wait(timeout=seconds),  # type: ignore[union-attr]
+                           self.args, started=self.started, timeout=self.timeout, stall_s=self.stall_s)
+        except ToolTimedOut:
             _kill_group(self._proc)
-            raise _timed_out(self.args, self.timeout) from exc
+            raise
         self._out.seek(0)
         self._err.seek(0)
         return RunResult(self.args, self._proc.returncode, self._out.read(), self._err.read(),
@@ -166,9 +209,11 @@ def run_in_background(
     timeout: float = DEFAULT_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
     input_text: str | None = None,
+    stall_s: float | None = None,
 ) -> Iterator[Background]:
-    """Start `argv` for the duration of the block; whatever is left running at its end is killed."""
-    handle = Background(tuple(os.fspath(a) for a in argv), timeout, env, input_text)
+    """Start `argv` for the duration of the block; whatever is left running at its end is killed.
+    `stall_s`: see `wait_patiently` (`timeout` is then the ceiling)."""
+    handle = Background(tuple(os.fspath(a) for a in argv), timeout, env, input_text, stall_s)
     try:
         yield handle
     finally:
@@ -252,6 +297,25 @@ def _processes(proc_root: Path) -> Iterator[tuple[int, int, int]]:
                 continue
 
 
+def session_progress(session: int, proc_root: Path = Path("/proc")) -> tuple[int, ...]:
+    """What the processes of `session` have done so far: CPU ticks, page faults (major ones are page-ins
+    from disk: a thrashing import makes them while it gets no CPU) and bytes read or written, per process.
+    Any change means progress; a process that starts or ends changes it too."""
+    done = []
+    for pid in session_members(session, proc_root):
+        try:
+            stat = (proc_root / str(pid) / "stat").read_text(encoding="ascii", errors="replace")
+            fields = stat[stat.rindex(")") + 2:].split()
+            counters = [int(fields[i]) for i in (7, 8, 9, 10, 11, 12, 13, 14)]  # faults, then CPU ticks
+        except (OSError, ValueError, IndexError):
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError):  # io: absent without task accounting
+            io = dict(line.split(": ") for line in (proc_root / str(pid) / "io").read_text().splitlines())
+            counters += [int(io["rchar"]), int(io["wchar"])]
+        done.append((pid, *counters))
+    return tuple(x for entry in sorted(done) for x in entry)
+
+
 def session_members(session: int, proc_root: Path = Path("/proc")) -> list[int]:
     """Processes whose session id is `session`."""
     return [pid for pid, _ppid, sid in _processes(proc_root) if sid == session]
@@ -273,6 +337,13 @@ def kill_child_sessions(parent: int | None = None, proc_root: Path = Path("/proc
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(member, signal.SIGKILL)
     return leaders
+
+
+def _stalled(args: tuple[str, ...], stall_s: float) -> ToolTimedOut:
+    return ToolTimedOut(
+        f"{Path(args[0]).name} made no progress for {stall_s:g} s (no CPU time, page faults or reads)",
+        hint="it is hanging, e.g. on a driver, a device or a lock; run it by hand to see",
+    )
 
 
 def _timed_out(args: tuple[str, ...], timeout: float) -> ToolTimedOut:

@@ -21,7 +21,7 @@ from typing import Any
 
 from mlstack_ds.cluster import remote
 from mlstack_ds.detect.marked import marked_object
-from mlstack_ds.detect.target_probe import PROBE_SCRIPT, PROBE_TIMEOUT_S, TargetFacts, parse_target_output
+from mlstack_ds.detect.target_probe import PROBE_SCRIPT, TargetFacts, parse_target_output
 from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
 from mlstack_ds.installed.receipt import Receipt
 
@@ -31,7 +31,9 @@ IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # What a Slurm task sees that decides its devices and threads (`doctor --slurm`'s pitfalls).
 TASK_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                   "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NODEID", "SLURM_PROCID")
-NODE_TIMEOUT_S = PROBE_TIMEOUT_S + 30.0  # the probe imports torch; ssh's connect and the shell part on top
+# The probe imports torch on the node, and ssh's connect and the shell part come on top. Wall time: ssh
+# waits idle while the node works, so the local ssh's progress says nothing about the node's.
+NODE_TIMEOUT_S = 150.0
 _HEREDOC_END = "MLSTACK_NODE_PROBE_END"
 
 # `python -c SNIPPET HOST PORT`: one TCP connect, as a rank connects to the rendezvous (MASTER_ADDR:PORT).

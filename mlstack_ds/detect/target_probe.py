@@ -50,8 +50,11 @@ def _mlstack_record(name):
 
 BASE_MARKER = "MLSTACK_TARGET_BASE:"
 TORCH_MARKER = "MLSTACK_TARGET_TORCH:"
-PROBE_TIMEOUT_S = 120.0  # with torch: its import can take a minute on a cold ROCm install
-QUICK_TIMEOUT_S = 60.0  # without torch
+# A probe is stopped when it has done nothing (no CPU time, page faults or reads) for PROBE_STALL_S: a
+# hung driver or device. One still working is given up to PROBE_CEILING_S: a torch import takes a minute
+# on a cold ROCm install and several on a machine thrashing under parallel compiles.
+PROBE_STALL_S = 60.0
+PROBE_CEILING_S = 900.0
 
 PROBE_SCRIPT = r"""
 import importlib.util, json, platform, sys, sysconfig
@@ -269,10 +272,11 @@ def _replace(facts: TargetFacts, **changes: Any) -> TargetFacts:
 def start_target_probe(python: Path, environ: Mapping[str, str] | None = None, *, torch: bool = True,
                        timeout: float | None = None) -> AbstractContextManager[Background]:
     """Start the probe in `python` (without torch's part when `torch` is false); collect the answer with
-    `finish_target_probe` inside the block. `environ` None: this process's environment."""
+    `finish_target_probe` inside the block. `environ` None: this process's environment. `timeout`: the
+    ceiling (default PROBE_CEILING_S); a probe that stalls for PROBE_STALL_S is stopped before it."""
     argv: list[str | os.PathLike[str]] = [python, "-c", PROBE_SCRIPT, *(() if torch else ("quick",))]
-    limit = timeout if timeout is not None else PROBE_TIMEOUT_S if torch else QUICK_TIMEOUT_S
-    return run_in_background(argv, timeout=limit, env=dict(environ) if environ is not None else None)
+    return run_in_background(argv, timeout=timeout if timeout is not None else PROBE_CEILING_S,
+                             stall_s=PROBE_STALL_S, env=dict(environ) if environ is not None else None)
 
 
 def finish_target_probe(python: Path, pending: Background, *, torch: bool = True) -> TargetFacts:

@@ -28,12 +28,12 @@ from typing import Any
 
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.marked import UnreadableLine, marked_object
+from mlstack_ds.detect.target_probe import PROBE_CEILING_S, PROBE_STALL_S
 from mlstack_ds.errors import ToolError, UsageError
 from mlstack_ds.runner import run
 
 _OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 MARKER = "MLSTACK_DSCONFIG_JSON:"
-PARSE_TIMEOUT_S = 60.0
 
 # Runs in the target interpreter. The hook is DeepSpeed 0.19.5's runtime/config_utils.py
 # dict_raise_error_on_duplicate_keys, verbatim in behaviour and message.
@@ -116,7 +116,8 @@ def read_nvme_offload(path: Path, python: str | Path | None = None) -> bool:
 def _parse_in_target(python: Path, path: Path) -> dict[str, Any] | None:
     """hjson's answer from the target interpreter; None when it could not be asked."""
     try:
-        result = run([python, "-c", PARSE_SCRIPT, str(path.resolve())], timeout=PARSE_TIMEOUT_S)
+        result = run([python, "-c", PARSE_SCRIPT, str(path.resolve())], timeout=PROBE_CEILING_S,
+                     stall_s=PROBE_STALL_S)  # it imports DeepSpeed: as patient as the probe
     except ToolError:
         return None
     if not result.ok:

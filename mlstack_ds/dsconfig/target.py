@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.detect.marked import UnreadableLine, marked_object
+from mlstack_ds.detect.target_probe import PROBE_CEILING_S, PROBE_STALL_S
 from mlstack_ds.errors import EnvironmentProblem, ToolError, UsageError
 from mlstack_ds.runner import run
 
 MARKER = "MLSTACK_CONFIG_JSON:"
-TARGET_TIMEOUT_S = 180.0
 
 # Runs in the target interpreter. "estimate": DeepSpeed's estimators for every placement we consider;
 # "validate": DeepSpeedConfig (and, for --hf, transformers' HfTrainerDeepSpeedConfig) on the config.
@@ -197,7 +197,8 @@ class TargetAnswer:
 
 def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        result = run([python, "-c", SCRIPT], input_text=json.dumps(request), timeout=TARGET_TIMEOUT_S)
+        result = run([python, "-c", SCRIPT], input_text=json.dumps(request), timeout=PROBE_CEILING_S,
+                     stall_s=PROBE_STALL_S)  # it imports torch and DeepSpeed: as patient as the probe
     except ToolError as exc:
         raise EnvironmentProblem(f"the target interpreter {python} could not run: {exc.message}",
                                  hint="pass --python with the interpreter that has DeepSpeed") from exc

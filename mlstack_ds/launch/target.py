@@ -17,7 +17,6 @@ from mlstack_ds.detect import target_probe
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import EnvironmentProblem, UsageError
 
-PROBE_TIMEOUT_S = 60.0
 CPU_WORLD_SIZE = 2  # ranks on a machine without GPUs: the fewest that exercise the collectives
 
 
@@ -31,8 +30,7 @@ class TargetProbe:
 def probe_target(python: Path, known: TargetFacts | None = None) -> TargetProbe:
     """Is torch importable in `python`, and how many GPUs does it see? From `known` when the caller
     already asked this interpreter with torch's part (install: detect's probe), else from a new probe."""
-    facts = known if known is not None and known.torch_probed else target_probe.probe_target(
-        python, timeout=PROBE_TIMEOUT_S)
+    facts = known if known is not None and known.torch_probed else target_probe.probe_target(python)
     if facts.torch is None:
         return TargetProbe(None, 0, facts.torch_error or facts.problem or "")
     return TargetProbe(facts.torch.version, facts.torch.device_count, "")

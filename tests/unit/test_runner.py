@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlstack_ds.errors import ExitCode, ToolMissing, ToolTimedOut
-from mlstack_ds.runner import run, run_in_background, which
+from mlstack_ds.runner import run, run_in_background, session_progress, which
 
 
 def test_nonzero_exit_is_a_result_not_an_exception() -> None:
@@ -157,3 +157,57 @@ def _cmdline(process: Path) -> bytes:
         return (process / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+# A child that works: CPU time (a sum of some ms: CPU time counts in 10 ms ticks) between short sleeps, for
+# `seconds`, then prints "done".
+WORKING = ("import sys, time\nend = time.monotonic() + float(sys.argv[1])\n"
+           "while time.monotonic() < end:\n    sum(range(300000))\n    time.sleep(0.05)\nprint('done')\n")
+
+
+def test_a_child_that_keeps_working_outlasts_its_stall_limit() -> None:
+    """A torch import on a thrashing machine is slow, not hung: it is given time while it progresses (at a
+    load of 25 one took 111 s of a fixed 120 s limit, and the tool then said torch was not installed)."""
+    result = run(["python3", "-c", WORKING, "6"], timeout=600, stall_s=2)
+    assert result.stdout == "done\n" and result.duration_s >= 6
+    with run_in_background(["python3", "-c", WORKING, "6"], timeout=600, stall_s=2) as pending:
+        assert pending.result().stdout == "done\n"
+
+
+def test_a_child_that_does_nothing_is_stopped_after_its_stall_limit(tmp_path: Path) -> None:
+    """A hung driver or lock does nothing: stopped after `stall_s`, long before the ceiling, with what it
+    did not do in the message; its whole session goes with it."""
+    pid_file = tmp_path / "pid"
+    started = time.monotonic()
+    with pytest.raises(ToolTimedOut, match=r"^sh made no progress for 3 s \(no CPU time"):
+        run(["sh", "-c", f"sleep 600 & echo $! > {pid_file}; wait"], timeout=600, stall_s=3)
+    assert time.monotonic() - started < 300  # the stall, not the ceiling or the sleep
+    assert_gone(int(pid_file.read_text()))
+    with run_in_background(["sleep", "600"], timeout=600, stall_s=3) as pending, \
+            pytest.raises(ToolTimedOut, match="made no progress for 3 s"):
+        pending.result()
+
+
+def test_the_ceiling_stops_a_child_that_works_forever() -> None:
+    with pytest.raises(ToolTimedOut, match=r"did not finish within 3 s"):
+        run(["python3", "-c", WORKING, "600"], timeout=3, stall_s=60)
+
+
+def test_a_patient_run_still_sends_its_input() -> None:
+    """The patient wait retries communicate(): the input goes once, and none of the output is lost."""
+    script = "import sys, time\ntime.sleep(2.5)\nsys.stdout.write(sys.stdin.read() * 20000)\n"
+    result = run(["python3", "-c", script], input_text="ab", timeout=600, stall_s=60)
+    assert result.stdout == "ab" * 20000
+
+
+def test_session_progress_moves_while_a_session_works_and_not_while_it_sleeps() -> None:
+    with run_in_background(["python3", "-c", WORKING, "600"], timeout=600) as working, \
+            run_in_background(["sleep", "600"], timeout=600) as sleeping:
+        time.sleep(1)  # both started
+        work = [session_progress(working._proc.pid)]  # type: ignore[union-attr]
+        sleep = [session_progress(sleeping._proc.pid)]  # type: ignore[union-attr]
+        time.sleep(2)
+        work.append(session_progress(working._proc.pid))  # type: ignore[union-attr]
+        sleep.append(session_progress(sleeping._proc.pid))  # type: ignore[union-attr]
+    assert work[0] and work[0] != work[1]
+    assert sleep[0] and sleep[0] == sleep[1]
