@@ -101,7 +101,8 @@ def detect_with_target(
 
     gpus = amd + [GpuAgent(**{**g.__dict__, "index": len(amd) + g.index}) for g in nvidia] if nvidia else amd
     platform = decide_platform(amd, nvidia, target.torch, rocm_found=rocm is not None)
-    warnings = [*ctx.warnings, *target.warnings, *explain(amd, platform, target.torch, hsa_override)]
+    warnings = [*ctx.warnings, *target.warnings,
+                *explain(amd, platform, target.torch, hsa_override, torch_failed=bool(target.torch_error))]
     environment = Environment(
         platform=platform,
         rocm=rocm,
@@ -113,6 +114,7 @@ def detect_with_target(
         deepspeed=target.deepspeed,
         rocm_wheels=wheels,
         system_rocm=system_rocm,
+        torch_problem=target.torch_error if target.torch is None else None,
     )
     return Detection(environment, target)
 
@@ -148,9 +150,12 @@ def decide_platform(
 
 
 def explain(
-    amd: list[GpuAgent], platform: Platform, torch: TorchInfo | None, hsa_override: str | None
+    amd: list[GpuAgent], platform: Platform, torch: TorchInfo | None, hsa_override: str | None,
+    torch_failed: bool = False,
 ) -> list[str]:
-    """Warnings a user should read before building: spoofed archs, stray iGPUs, unknown targets."""
+    """Warnings a user should read before building: spoofed archs, stray iGPUs, unknown targets.
+    `torch_failed`: torch's import failed or was stopped (the probe's own warning says how), so a missing
+    `torch` does not mean it is not installed."""
     notes = []
     if hsa_override:
         forced = gfx.arch_from_override(hsa_override)
@@ -176,6 +181,6 @@ def explain(
             notes.append(f"GPU {gpu.index}: its target (gfx arch) could not be determined")
     if platform == "rocm" and not amd:
         notes.append("ROCm PyTorch found but no AMD GPU is visible: builds need an explicit --arch")
-    if torch is None:
+    if torch is None and not torch_failed:
         notes.append("PyTorch is not installed in the target Python")
     return notes

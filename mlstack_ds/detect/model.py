@@ -125,6 +125,7 @@ class Environment:
     deepspeed: DeepSpeedInfo | None = None
     rocm_wheels: RocmWheels | None = None  # TheRock's ROCm wheels in the target, whichever ROCm is used
     system_rocm: RocmInstall | None = None  # a system ROCm found as well when `rocm` is the wheels'
+    torch_problem: str | None = None  # why `torch` is None though torch is there: its import failed or was stopped
 
     @property
     def discrete_gpus(self) -> list[GpuAgent]:

@@ -171,3 +171,25 @@ def test_a_hip_version_past_rocm_7_2_is_not_reported_as_the_rocm_release(fake_ma
     assert report["rocm"] == {"root": None, "version": None, "version_source": "hipconfig --version",
                               "raw_version": "7.16.26321-abcdef012", "kind": "system"}
     assert any("HIP 7.16, which does not name the ROCm release" in w for w in report["warnings"])
+
+
+@pytest.mark.parametrize("torch_body", ["raise ImportError('libamdhip64.so.6: cannot open shared object file')",
+                                        "import os\nos.kill(os.getpid(), 9)"])
+def test_a_torch_that_is_there_but_does_not_import_is_not_called_missing(
+        fake_machine: FakeMachine, tmp_path: Path, torch_body: str) -> None:
+    """A failed or stopped import is not "PyTorch is not installed" (what install said when a busy machine
+    made the probe's import outlast its limit): detect, install and doctor say what happened instead."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(torch_body + "\n")
+    fake_machine.extra_env["PYTHONPATH"] = str(tmp_path)
+    report = fake_machine.detect_json("--python", sys.executable)
+    assert report["torch"] is None and report["torch_problem"]
+    assert "PyTorch is not installed in the target Python" not in report["warnings"]
+    assert report["torch_problem"] in report["warnings"]
+    planned = fake_machine.run_cli("install", "--dry-run", "--python", sys.executable)
+    assert planned.returncode == 3
+    assert planned.stderr.startswith(f"error: PyTorch could not be imported in {sys.executable}: "), planned.stderr
+    assert "not installed" not in planned.stderr
+    doctor = fake_machine.run_cli("doctor", "--python", sys.executable, "--json")
+    (finding,) = [f for f in doctor.json["findings"] if f["rule_id"] == "MLS-TORCH-001"]
+    assert report["torch_problem"] in finding["evidence"]

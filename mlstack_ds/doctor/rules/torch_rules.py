@@ -12,7 +12,8 @@ _INSTALL_ROCM_TORCH = "pip install torch --index-url https://download.pytorch.or
 def torch_missing(inp: DoctorInput) -> Hit | None:
     if inp.env.torch is not None:
         return None
-    return Hit(f"`import torch` fails in {inp.env.python.executable}")
+    why = f": {inp.env.torch_problem}" if inp.env.torch_problem else ""
+    return Hit(f"`import torch` fails in {inp.env.python.executable}{why}")
 
 
 def cuda_torch_on_amd(inp: DoctorInput) -> Hit | None:
