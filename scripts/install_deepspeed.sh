@@ -17,12 +17,15 @@
 #                     pip's unpinned `torch` is a multi-GB CUDA build, wrong for AMD GPUs.
 # --with-system-deps  first install the system packages the build needs and this machine lacks: a C++
 #                     compiler, Python headers, ninja and the libaio headers (without them async_io, the
-#                     op of NVMe offload, is not built), with apt-get, dnf or zypper, as root or through
-#                     passwordless sudo. Otherwise it prints the command to run and goes on without them.
+#                     op of NVMe offload, is not built), and on Debian/Ubuntu python3-venv when the venv
+#                     is still to be made, with apt-get, dnf or zypper, as root or through passwordless
+#                     sudo. Otherwise it prints the command to run and goes on without them.
 # --with-clients      also install transformers and accelerate (requirements/clients.txt), the libraries
 #                     verify's hf_trainer check runs, with the venv's PyTorch held at its version.
 # Never prompts; sudo only for --with-system-deps and only without a password (sudo -n); safe to re-run.
 # At the end it names what is still missing and the one command that adds it.
+# Exit codes: those of `mlstack-ds install`; before it runs, 2 for a bad option and 3 for what this
+# machine lacks (Python >= 3.10, a venv it can make, system packages it could not install).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -79,9 +82,15 @@ package_installed() {  # MANAGER PACKAGE
     rpm -q "$2" >/dev/null 2>&1
   fi
 }
+# Debian and Ubuntu keep venv's ensurepip apart from python3: without python3-venv, `python3 -m venv` stops
+# half-way ("ensurepip is not available") and leaves a venv without pip behind.
+venv_package() {  # MANAGER: the package `python3 -m venv` needs, while the venv is still to be made
+  [[ $1 == apt-get && ! -x $venv/bin/python ]] && echo python3-venv
+  return 0
+}
 missing_packages() {  # MANAGER: the missing ones, one a line
   local p
-  for p in $(system_packages "$1"); do package_installed "$1" "$p" || echo "$p"; done
+  for p in $(system_packages "$1") $(venv_package "$1"); do package_installed "$1" "$p" || echo "$p"; done
 }
 install_argv() {  # MANAGER PACKAGES...: the install command, without the root prefix
   local manager=$1; shift
@@ -144,7 +153,20 @@ command -v "$python" >/dev/null || { echo "error: $python not found" >&2; echo "
 
 if [[ ! -x $venv/bin/python ]]; then
   echo "==> creating $venv (with system site-packages)" >&2
-  "$python" -m venv --system-site-packages "$venv"
+  [[ -e $venv ]] && venv_existed=1 || venv_existed=""
+  if ! made=$("$python" -m venv --system-site-packages "$venv" 2>&1); then
+    # What venv made goes, so that the next run makes it again instead of reusing a venv without pip.
+    if [[ -z $venv_existed ]]; then rm -rf "$venv"; else rm -f "$venv/pyvenv.cfg" "$venv"/bin/python*; fi
+    printf '%s\n' "$made" >&2
+    if [[ $made == *"ensurepip is not"* ]]; then
+      echo "error: $python cannot make a venv: its ensurepip is missing (Debian and Ubuntu ship it in python3-venv)" >&2
+      echo "hint: run this command again with --with-system-deps, or: sudo apt-get install -y python3-venv" >&2
+    else
+      echo "error: $python -m venv could not make $venv (its message is above)" >&2
+      echo "hint: give another directory with --venv DIR, or fix what the message names" >&2
+    fi
+    exit 3
+  fi
 fi
 
 # The PyTorch the venv sees already (its own or the system's): "rocm 2.5.1+rocm6.2", "cpu 2.13.0+cpu" or "".
@@ -160,6 +182,11 @@ if [[ $with_torch == cpu && -n $existing_torch && $existing_torch != cpu* ]]; th
   exit 2
 fi
 
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  echo "error: $venv has no pip (a venv made half-way, e.g. while python3-venv was missing)" >&2
+  echo "hint: remove it (rm -rf $venv) and run this command again; it will be made anew" >&2
+  exit 3
+fi
 echo "==> installing mlstack-ds into $venv" >&2
 "$venv/bin/python" -m pip install --quiet "$repo"
 

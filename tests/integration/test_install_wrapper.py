@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -88,25 +90,28 @@ def test_with_torch_cpu_refuses_to_shadow_a_rocm_torch(tmp_path: Path) -> None:
 
 
 APT = ("build-essential", "python3-dev", "ninja-build", "libaio-dev")
+APT_NEW_VENV = (*APT, "python3-venv")  # Debian's `python3 -m venv` needs it; asked for while the venv is to be made
 DNF = ("gcc-c++", "python3-devel", "ninja-build", "libaio-devel")
 ZYPPER = ("gcc-c++", "python3-devel", "ninja", "libaio-devel")
 
 
 def run_on_host(host: FakePackageHost, *args: str) -> CliResult:
     """The wrapper on a fake host whose PATH has no Python: it does the system packages, then stops (exit 3)
-    where it first needs Python, before any venv."""
-    result = run_wrapper(*args, env={**host.env(), "PYTHON": "python3"}, timeout=120)
+    where it first needs Python, before any venv (one still to be made, in the host's directory)."""
+    result = run_wrapper("--venv", str(host.root / "venv"), *args, env={**host.env(), "PYTHON": "python3"},
+                         timeout=120)
     assert result.returncode == 3 and "error: python3 not found" in result.stderr, result.stderr[-2000:]
     return result
 
 
-PACKAGES = {"apt-get": APT, "dnf": DNF, "zypper": ZYPPER}
+PACKAGES = {"apt-get": APT_NEW_VENV, "dnf": DNF, "zypper": ZYPPER}
 
 
 @pytest.mark.parametrize(("host", "expected"), [
-    # root on Debian, libaio headers missing: apt-get update, then only what is missing
+    # root on Debian, libaio headers and venv missing: apt-get update, then only what is missing
     ({"manager": "apt-get", "installed": APT[:3]},
-     [["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "libaio-dev"]]),
+     [["apt-get", "update", "-qq"],
+      ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "libaio-dev", "python3-venv"]]),
     # a user with passwordless sudo on Fedora, nothing there yet
     ({"manager": "dnf", "uid": 1000, "sudo": True},
      [["sudo", "-n", "true"], ["sudo", "-n", "dnf", "install", "-y", *DNF], ["dnf", "install", "-y", *DNF]]),
@@ -132,12 +137,13 @@ def test_with_system_deps_without_root_prints_the_command(tmp_path: Path) -> Non
     host = FakePackageHost(tmp_path, "apt-get", APT[:3], uid=1000, sudo=False)
     result = run_on_host(host, "--with-system-deps")
     assert host.calls("apt-get") == [] and host.now_installed() == list(APT[:3])
-    assert "not done: installing system packages libaio-dev needs root, and sudo asks for a password" in result.stderr
-    assert "run: sudo apt-get update && sudo apt-get install -y libaio-dev" in result.stderr
+    assert ("not done: installing system packages libaio-dev python3-venv needs root, and sudo asks for a password"
+            in result.stderr)
+    assert "run: sudo apt-get update && sudo apt-get install -y libaio-dev python3-venv" in result.stderr
 
 
 def test_with_system_deps_when_all_are_there_installs_nothing(tmp_path: Path) -> None:
-    host = FakePackageHost(tmp_path, "apt-get", APT)
+    host = FakePackageHost(tmp_path, "apt-get", APT_NEW_VENV)
     result = run_on_host(host, "--with-system-deps")
     assert host.calls("apt-get", "sudo") == [] and "system packages: all there" in result.stderr
 
@@ -197,3 +203,49 @@ def test_summary_names_what_is_left_out_and_with_clients_installs_them_with_torc
         "==> left out: libaio headers for async_io and verify's nvme_offload (system package(s) libaio-dev); "
         "add with: sudo apt-get update && sudo apt-get install -y libaio-dev && "
         f"{wrapper} --venv {venv} --with-system-deps --with-clients -- --dry-run")
+
+
+DEBIAN_PYTHON = Path("/usr/bin/python3")  # Debian's own, whose venv names python3-venv when ensurepip is missing
+
+
+def python_without_ensurepip(root: Path) -> Path:
+    """Debian's Python as a fresh Debian has it without python3-venv: the same interpreter and standard
+    library, minus `ensurepip` (the part python3-venv holds). Its `-m venv` then fails as it does there."""
+    binary = DEBIAN_PYTHON.resolve()
+    stdlib = Path(subprocess.run([binary, "-c", "import sysconfig; print(sysconfig.get_path('stdlib'))"],
+                                 capture_output=True, text=True, check=True, timeout=120).stdout.strip())
+    (root / "bin").mkdir(parents=True)
+    (root / "lib" / stdlib.name).mkdir(parents=True)
+    python = root / "bin" / binary.name
+    shutil.copy2(binary, python)
+    for entry in stdlib.iterdir():
+        if entry.name != "ensurepip":
+            (root / "lib" / stdlib.name / entry.name).symlink_to(entry)
+    return python
+
+
+def test_a_python_without_ensurepip_gets_the_fix_and_leaves_no_half_made_venv(tmp_path: Path) -> None:
+    """A fresh Debian lacks python3-venv: `python3 -m venv` stops after making bin/python, and the next run
+    took that half-made venv and failed with "No module named pip". Now: exit 3 with the fix, nothing left."""
+    venv_module = subprocess.run([DEBIAN_PYTHON, "-c", "import venv; print(venv.__file__)"], capture_output=True,
+                                 text=True, check=False, timeout=120).stdout.strip()
+    if not venv_module or "ensurepip is not" not in Path(venv_module).read_text():
+        pytest.skip(f"no Debian Python at {DEBIAN_PYTHON} (its venv names python3-venv)")
+    python = python_without_ensurepip(tmp_path / "python")
+    venv = tmp_path / "venv"
+    for _ in range(2):  # the second run meets the same, not a venv without pip
+        result = run_wrapper("--venv", str(venv), "--", "--dry-run", env={"PYTHON": str(python)}, timeout=300)
+        assert result.returncode == 3, result.stderr[-2000:]
+        assert result.stderr.splitlines()[-2:] == [
+            f"error: {python} cannot make a venv: its ensurepip is missing (Debian and Ubuntu ship it in python3-venv)",
+            "hint: run this command again with --with-system-deps, or: sudo apt-get install -y python3-venv"]
+        assert not venv.exists() and "No module named pip" not in result.stderr
+
+
+def test_a_venv_without_pip_is_named_not_used(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    result = run_wrapper("--venv", str(venv), "--", "--dry-run", env={"PYTHON": sys.executable}, timeout=300)
+    assert result.returncode == 3 and result.stderr.splitlines()[-2:] == [
+        f"error: {venv} has no pip (a venv made half-way, e.g. while python3-venv was missing)",
+        f"hint: remove it (rm -rf {venv}) and run this command again; it will be made anew"], result.stderr[-2000:]
