@@ -197,6 +197,8 @@ def node_install_args(request: InstallRequest, python: Path, cache_root: Path, a
         args.append("--no-patches")
     if request.force:
         args.append("--force")
+    if request.lock_timeout is not None:  # each node's environment has its own lock: the same patience there
+        args += ["--lock-timeout", f"{request.lock_timeout:g}"]
     return args
 
 

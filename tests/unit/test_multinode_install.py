@@ -48,6 +48,17 @@ def test_node_install_args_carry_the_heads_choices_and_never_build() -> None:
     assert "--rebuild" not in args and "--jobs" not in args  # the node builds nothing
 
 
+def test_node_install_args_carry_the_lock_timeout() -> None:
+    """Each node's install waits for (or refuses, with 0) another change of its environment as the head's
+    would: `--lock-timeout` goes to every node."""
+    def passed(timeout: float | None) -> list[str]:
+        args = node_install_args(InstallRequest(lock_timeout=timeout), Path("/v/bin/python"), Path("/c"), (),
+                                 "k" * 24)
+        return args[args.index("--lock-timeout"):][:2] if "--lock-timeout" in args else []
+
+    assert [passed(t) for t in (0.0, 2.5, None)] == [["--lock-timeout", "0"], ["--lock-timeout", "2.5"], []]
+
+
 def test_with_an_index_each_node_installs_from_it_and_still_never_builds() -> None:
     args = node_install_args(InstallRequest(), Path("/v/bin/python"), Path("/c"), ("gfx942",), "k" * 24,
                              index="http://idx:8080/simple")
