@@ -153,6 +153,8 @@ def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: laun
         return "failed", f"rank {rank} {what} at {record.get('phase', '?')}: {record.get('reason', '')}"
     if outcome.timed_out:
         return "failed", f"timed out after {timeout_s:g} s"
+    if outcome.ended_by:
+        return "failed", outcome.ended_by
     missing = [rank for rank in range(world_size) if rank not in ranks]
     if missing:
         tail = outcome.log_tail.strip().splitlines()[-1:] if outcome.log_tail.strip() else []

@@ -103,6 +103,7 @@ class LaunchOutcome:
     timed_out: bool
     log_tail: str
     rank_exit_codes: Mapping[int, int] = field(default_factory=dict)
+    ended_by: str = ""  # what ended the ranks from outside (a Slurm job's time limit): the reason to give
 
 
 def run_launch(argv: Sequence[str], *, timeout_s: float, run_id: str,

@@ -138,8 +138,27 @@ def run_launch(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: st
         return launcher.LaunchOutcome(None, time.monotonic() - started, False, exc.message)
     finally:
         launcher.sweep(run_id)
+    ended_by = ""
+    if result.returncode != 0 and time_limit_reached(job_id, result.stderr, env):
+        ended_by = "the job reached its time limit (salloc/sbatch --time): Slurm cancelled the ranks"
     return launcher.LaunchOutcome(result.returncode, result.duration_s, False, result.tail(40),
-                                  task_exit_codes(result.stderr + result.stdout))
+                                  task_exit_codes(result.stderr + result.stdout), ended_by)
+
+
+def time_limit_reached(job_id: str, srun_stderr: str, env: Mapping[str, str]) -> bool:
+    """Whether Slurm ended job `job_id` at its time limit. srun's "CANCELLED AT ... DUE TO TIME LIMIT" line
+    is not always there (srun may end before slurmstepd's message reaches it; then the ranks only show
+    "Terminated"), so Slurm is asked too: the job's reason is TimeLimit while it completes and after
+    (measured on Slurm 22.05: JobState COMPLETING, then TIMEOUT, Reason=TimeLimit)."""
+    if "DUE TO TIME LIMIT" in srun_stderr:
+        return True
+    squeue = runner.which("squeue", path=env.get("PATH"))
+    if squeue is None:
+        return False
+    with contextlib.suppress(ToolError):
+        out = runner.run([squeue, "-h", "-t", "all", "-j", job_id, "-o", "%r"], timeout=SQUEUE_TIMEOUT_S, env=env)
+        return out.ok and out.stdout.strip() == "TimeLimit"
+    return False
 
 
 def task_exit_codes(log: str) -> dict[int, int]:

@@ -183,6 +183,8 @@ def _why_missing(name: str, log: RankLog, rank: int, outcome: launcher.LaunchOut
         where = "while running it" if log.begun and log.begun[-1] == name else "before reaching it"
         return f"timed out after {timeout_s:g} s ({where})"
     code = outcome.rank_exit_codes.get(rank)
+    if outcome.ended_by:
+        return f"{outcome.ended_by} ({f'exit code {code}' if code is not None else 'while it ran'})"
     culprits = sorted((r, c) for r, c in outcome.rank_exit_codes.items() if r != rank and c > 0)
     if culprits and (code is None or code < 0):
         culprit, culprit_code = culprits[0]

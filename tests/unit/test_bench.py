@@ -37,6 +37,9 @@ def test_a_launch_is_ok_oom_or_failed() -> None:
     jit = {0: ok_rank([1.0]), 1: {"status": "jit", "phase": "initialize", "reason": "op 'fused_adam' ..."}}
     assert judge(jit, 2, FINISHED, 60)[1].startswith("rank 1 needs a JIT compile (prebuilt ops only) at initialize")
     assert judge({0: ok_rank([1.0])}, 2, LaunchOutcome(None, 60.0, True, ""), 60) == ("failed", "timed out after 60 s")
+    limit = "the job reached its time limit (salloc/sbatch --time): Slurm cancelled the ranks"
+    assert judge({0: ok_rank([1.0])}, 2, LaunchOutcome(143, 60.0, False, "task 1: Terminated", {1: -15}, limit),
+                 60) == ("failed", limit)
     verdict, reason = judge({0: ok_rank([1.0])}, 2, LaunchOutcome(1, 5.0, False, "boom"), 60)
     assert verdict == "failed" and "rank(s) 1 reported nothing (launcher exit code 1): boom" in reason
 

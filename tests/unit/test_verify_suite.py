@@ -39,3 +39,11 @@ def test_not_reached_after_an_early_end() -> None:
     outcome = LaunchOutcome(1, 1.0, False, "")
     assert _why_missing("zero2", rank_log("zero1"), 0, outcome, 30) == (
         "not reached: the launch ended early (launcher exit code 1)")
+
+
+def test_a_slurm_time_limit_is_named_not_a_dead_rank() -> None:
+    """At a job's time limit Slurm terminates every rank: the reason is the limit, not "rank died"."""
+    limit = "the job reached its time limit (salloc/sbatch --time): Slurm cancelled the ranks"
+    outcome = LaunchOutcome(143, 90.0, False, "srun: error: mls-node-b: task 1: Terminated", {0: -15, 1: -15},
+                            ended_by=limit)
+    assert _why_missing("zero1", rank_log("zero1"), 1, outcome, 900) == f"{limit} (exit code -15)"
