@@ -7,7 +7,8 @@
 #   e.g. scripts/install_deepspeed.sh --arch gfx1100      scripts/install_deepspeed.sh -- --dry-run
 #
 # --venv DIR          the environment that gets DeepSpeed (default: .venv next to this repo). It is
-#                     created with --system-site-packages so a system-wide ROCm PyTorch stays visible.
+#                     created with --system-site-packages so a system-wide ROCm PyTorch stays visible;
+#                     when its own setuptools cannot build wheels (no bdist_wheel), `wheel` is added.
 #                     A venv whose torch came with ROCm as Python wheels (TheRock: `rocm[libraries]`)
 #                     needs `pip install "rocm[devel]==$(DIR/bin/rocm-sdk version)"` and
 #                     `DIR/bin/rocm-sdk init` first (README, "ROCm as Python wheels"); it need not be
@@ -199,6 +200,18 @@ if [[ $with_torch == cpu ]]; then
     echo "==> installing PyTorch (CPU build, $torch_cpu)" >&2
     "$venv/bin/python" -m pip install --quiet "$torch_cpu"
   fi
+fi
+
+# DeepSpeed's build runs setuptools' bdist_wheel. A new venv's own setuptools is its Python's ensurepip copy
+# (65.5 on 3.11: no bdist_wheel without the `wheel` package; none at all from 3.12), and it shadows the newer
+# one a system PyTorch's site-packages may have. The tool's rule (detect/wheel_builder.py) names what to add.
+builder=$("$venv/bin/python" -c 'from mlstack_ds.detect.wheel_builder import main; main()')
+if [[ -n $builder ]]; then
+  echo "==> installing $builder into $venv: its setuptools cannot build wheels (no bdist_wheel)" >&2
+  "$venv/bin/python" -m pip install --quiet "$builder" || {
+    echo "error: pip could not install $builder into $venv" >&2
+    echo "hint: run \`$venv/bin/python -m pip install $builder\` to see why, then this command again" >&2
+    exit 3; }
 fi
 
 clients_installed() {

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from mlstack_ds.detect.wheel_builder import wheel_build_problem
+
 Platform = Literal["rocm", "cuda", "cpu"]
 
 # Environment variables that change what DeepSpeed builds or which devices it sees.
@@ -105,6 +107,16 @@ class PythonInfo:
     prefix: str | None = None  # sys.prefix: where the receipt of an install into this env lives
     include_dir: str | None = None  # where Python.h must be for ops to compile
     site_packages: tuple[str, ...] = ()  # purelib and platlib: where pip puts DeepSpeed and .pth files are read
+    setuptools: str | None = None  # its version: the build runs setuptools' bdist_wheel
+    wheel_package: bool | None = None  # `wheel` is there (bdist_wheel before setuptools 70.1); None: not asked
+
+    @property
+    def wheel_build_problem(self) -> str | None:
+        """Why this interpreter cannot build DeepSpeed's wheel (detect/wheel_builder.py), or None (it can,
+        or it was not asked)."""
+        if self.wheel_package is None:
+            return None
+        return wheel_build_problem(self.setuptools, self.wheel_package)
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,9 @@ for d in metadata.distributions():
     except Exception:
         pass
 base["nvidia"] = sorted(n for n in names if n.startswith("nvidia-"))
+# What builds the wheel (setuptools' bdist_wheel): setuptools, and before 70.1 the `wheel` package.
+base["python"]["setuptools"] = _version("setuptools")
+base["python"]["wheel_package"] = "wheel" in names
 base["rocm_sdk"] = _mlstack_rocm_sdk(names)
 print("MLSTACK_TARGET_BASE:" + json.dumps(base), flush=True)
 if sys.argv[1:] == ["quick"]:
@@ -227,7 +230,9 @@ def _parse_base(data: dict[str, Any]) -> TargetFacts:
     return TargetFacts(
         python=PythonInfo(executable=str(py["executable"]), version=str(py["version"]),
                           prefix=py.get("prefix") or None, include_dir=py.get("include_dir") or None,
-                          site_packages=tuple(str(p) for p in py.get("site_packages") or () if p)),
+                          site_packages=tuple(str(p) for p in py.get("site_packages") or () if p),
+                          setuptools=py.get("setuptools") or None,
+                          wheel_package=bool(py["wheel_package"]) if "wheel_package" in py else None),
         answered=True,
         deepspeed=DeepSpeedInfo(version=str(ds["version"]), location=ds.get("location")) if ds else None,
         deepspeed_package=data.get("deepspeed_package") or None,

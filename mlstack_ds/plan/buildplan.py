@@ -19,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 from mlstack_ds.detect.model import Environment, RocmWheels
 from mlstack_ds.detect.toolchain import CXX_FIX, HIPCC_FIX, LIBAIO_FIX, PYTHON_HEADERS_FIX, Toolchain, hint_from
 from mlstack_ds.detect.versions import hip_names_rocm, major_minor
+from mlstack_ds.detect.wheel_builder import fix_package
 from mlstack_ds.errors import EnvironmentProblem, UsageError
 from mlstack_ds.plan import buildspec
 from mlstack_ds.plan.buildjobs import BuildConcurrency, plan_concurrency
@@ -169,6 +170,12 @@ def make_plan(
         toolchain_problems.append(EnvironmentProblem(
             f"Python headers (Python.h) missing for {environment.python.executable}",
             hint=hint_from(PYTHON_HEADERS_FIX)))
+    cannot_build_wheels = environment.python.wheel_build_problem
+    if cannot_build_wheels:
+        python = environment.python.executable
+        toolchain_problems.append(EnvironmentProblem(
+            f"{python} cannot build DeepSpeed's wheel: {cannot_build_wheels}",
+            hint=f"{python} -m pip install {fix_package(environment.python.setuptools)}"))
     if not toolchain.cxx:
         named = environment.env.get("CXX")
         toolchain_problems.append(EnvironmentProblem(

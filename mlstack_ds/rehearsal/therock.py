@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 DevelState = Literal["expanded", "tarball", "absent"]
+STUB_SETUPTOOLS = "84.2.1"  # the setuptools torch 2.13.0 brings: plans see an interpreter that builds wheels
 
 ROCM_SDK_INIT = '''"""Stand-in of TheRock's rocm_sdk (mlstack-ds rehearsal): version, start-up version check."""
 import re
@@ -184,6 +185,7 @@ def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_
         _write(torch / "__init__.py", _fill(TORCH_INIT, version=torch_version, hip=hip_version, arch_flags=arch_flags))
         _write(torch / "_rocm_init.py", _fill(TORCH_ROCM_INIT, rocm_version=torch_version.split("+rocm", 1)[-1]))
         _dist(site, "torch", torch_version)
+        _dist(site, "setuptools", STUB_SETUPTOOLS)  # torch's wheels require setuptools; stands in like torch
     bin_dir = root / "bin"
     _write(bin_dir / "rocm-sdk", f"#!{python}\nfrom rocm_sdk.__main__ import main\nmain()\n", executable=True)
     for tool in ("rocminfo", "amd-smi"):

@@ -23,7 +23,7 @@ from support.doctor_inputs import (
     therock_env,
 )
 
-from mlstack_ds.detect.model import DeepSpeedInfo, GpuAgent, RocmInstall, TorchInfo
+from mlstack_ds.detect.model import DeepSpeedInfo, GpuAgent, PythonInfo, RocmInstall, TorchInfo
 from mlstack_ds.doctor.engine import run_rules
 from mlstack_ds.doctor.jitlocks import JitLock, JitLockScan
 from mlstack_ds.doctor.model import DoctorInput, Finding
@@ -139,6 +139,8 @@ TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
     "MLS-BUILD-003": lambda: make_input(facts=healthy_facts(python_headers=False)),
     "MLS-BUILD-004": lambda: make_input(facts=healthy_facts(tools={"ninja": "/n", "hipcc": "/h"})),
     "MLS-BUILD-005": lambda: make_input(facts=healthy_facts(libaio_headers=False)),
+    "MLS-BUILD-007": lambda: make_input(dataclasses.replace(
+        make_env(), python=PythonInfo("/venv/bin/python", "3.11.7", setuptools="65.5.0", wheel_package=False))),
     "MLS-DS-001": lambda: make_input(
         make_env(torch=rocm_torch("2.3.1+rocm6.0", HIP_60), deepspeed=ds("0.14.0"), rocm=rocm("6.0.2")),
         healthy_facts(ds_build=ds_build({"async_io": False, "cpu_adam": False}, "0.0", "0.0"))),
@@ -197,6 +199,8 @@ SILENT: dict[str, Callable[[], DoctorInput]] = {
     "MLS-BUILD-004": lambda: make_input(facts=healthy_facts(tools={"clang++": "/usr/bin/clang++",
                                                                    "ninja": "/n", "hipcc": "/h"})),
     "MLS-BUILD-005": make_input,
+    "MLS-BUILD-007": lambda: make_input(dataclasses.replace(
+        make_env(), python=PythonInfo("/venv/bin/python", "3.11.7", setuptools="65.5.0", wheel_package=True))),
     "MLS-DS-001": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
     "MLS-DS-002": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
     "MLS-DS-003": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),

@@ -41,7 +41,9 @@ def machine(fake: FakeMachine, bare_python: Path, rocminfo: str | None, torch: T
     amd = [g for g in environment.gpus if g.vendor == "amd"]
     nvidia = [g for g in environment.gpus if g.vendor == "nvidia"]
     platform = decide_platform(amd, nvidia, torch, rocm_found=environment.rocm is not None)
-    return dataclasses.replace(environment, torch=torch, platform=platform)
+    # The bare venv has no setuptools; an interpreter with a torch has the one torch requires (84 here).
+    python = dataclasses.replace(environment.python, setuptools="84.2.1", wheel_package=False)
+    return dataclasses.replace(environment, torch=torch, platform=platform, python=python)
 
 
 def plan_for(environment: Environment, archs: str | None = None, toolchain: Toolchain = FULL_TOOLCHAIN):

@@ -1,4 +1,5 @@
-"""What compiling DeepSpeed's ops needs: hipcc/ROCM_HOME, ninja, Python headers, a C++ compiler, libaio."""
+"""What compiling DeepSpeed's ops needs: hipcc/ROCM_HOME, ninja, Python headers, a C++ compiler, libaio, and a
+setuptools that builds wheels."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ def no_cxx_compiler(inp: DoctorInput) -> Hit | None:
     return _needed(inp, "none of c++, g++, clang++ is on PATH")
 
 
+def cannot_build_wheels(inp: DoctorInput) -> Hit | None:
+    problem = inp.env.python.wheel_build_problem
+    if problem is None:
+        return None
+    return _needed(inp, f"{inp.env.python.executable}: {problem}")
+
+
 def no_libaio_headers(inp: DoctorInput) -> Hit | None:
     if inp.facts.libaio_headers:
         return None
@@ -92,6 +100,18 @@ RULES: tuple[Rule, ...] = (
         source="issue #7 build prerequisites; F04/F15 (cpu_adam and other CPU ops are compiled with "
         "the host C++ compiler)",
         check=no_cxx_compiler,
+        severity_note=PREBUILT_NOTE,
+    ),
+    Rule(
+        id="MLS-BUILD-007", severity="error", title="The target's setuptools cannot build wheels",
+        symptom="DeepSpeed's build ends, after the download and the patches, in `error: invalid command "
+        "'bdist_wheel'` (setuptools before 70.1 without the `wheel` package: a venv's own ensurepip copy, "
+        "65.5 on Python 3.11) or `No module named 'setuptools'` (venvs of Python 3.12 and later).",
+        fix=("pip install wheel   # in the target interpreter; with no setuptools at all: pip install setuptools",),
+        source="measured here: `python3.11 -m venv` gives setuptools 65.5.0 without bdist_wheel, and it shadows "
+        "the newer setuptools a system PyTorch's site-packages has; setuptools 70.1 release notes (bdist_wheel "
+        "moved into setuptools)",
+        check=cannot_build_wheels,
         severity_note=PREBUILT_NOTE,
     ),
     Rule(
