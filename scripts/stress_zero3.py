@@ -117,6 +117,12 @@ def run_worker(args: argparse.Namespace) -> None:
     Path(args.result_dir, f"rank{rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    # Leave without finalization: a gloo worker can still race it and abort the rank (`terminate called
+    # without an active exception`, docs/abort-at-exit.md) even after destroy_process_group(), as a probe did
+    # under load; one launch in CI ended with a bare ChildFailedError after both ranks had written results.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -38,3 +41,16 @@ def test_quiet_deviation_is_reported_with_its_step() -> None:
 
 def test_spike_is_caught() -> None:
     assert training.compare_curves([20348826.0], [0.789], training.LOSS_RTOL) is not None
+
+
+def test_the_worker_leaves_without_interpreter_finalization() -> None:
+    """A rank's results are on disk before it ends; finalization would only give a gloo worker thread the
+    chance to abort the rank (`terminate called without an active exception`, docs/abort-at-exit.md), which
+    destroy_process_group() does not always prevent. So no atexit handler of the rank's runs."""
+    script = ("import atexit, runpy, sys\n"
+              "atexit.register(lambda: print('FINALIZED', flush=True))\n"
+              "sys.argv = ['mlstack_verify_worker', '--list']\n"
+              "runpy.run_module('mlstack_ds.worker', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0]) and "FINALIZED" not in done.stdout

@@ -13,6 +13,7 @@ argv[1:]: names of functions in deepspeed.checkpointing ("checkpoint", "non_reen
 """
 
 import json
+import os
 import sys
 import tempfile
 import traceback
@@ -73,4 +74,9 @@ checkpointing.configure(None)
 print("ACCELERATOR " + get_accelerator().device_name())
 for name in sys.argv[1:]:
     print("RESULT " + json.dumps({"function": name, **run(name)}), flush=True)
-torch.distributed.destroy_process_group()  # no gloo worker left to race finalization (docs/abort-at-exit.md)
+# No gloo worker left to race finalization (docs/abort-at-exit.md): destroy_process_group() alone was not
+# always enough (a pipeline probe aborted with it under load), so the probe also leaves without finalization.
+torch.distributed.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

@@ -56,7 +56,12 @@ result_file.with_suffix(".tmp").write_text(json.dumps(results))
 result_file.with_suffix(".tmp").replace(result_file)  # the test never reads half a file
 if any("error" in r for r in results.values() if isinstance(r, dict)):
     os._exit(1)
-# The script ends right after train_batch's collectives: without this a gloo worker thread can still be
-# waiting for the GIL when the interpreter finalizes, and the rank aborts with `terminate called without
-# an active exception` (docs/abort-at-exit.md; seen once in CI on the 0.19.8 tree).
+# The script ends right after train_batch's collectives: a gloo worker thread can still be waiting for the
+# GIL when the interpreter finalizes, and the rank aborts with `terminate called without an active exception`
+# (docs/abort-at-exit.md). destroy_process_group() alone did not prevent it: it aborted so once under load
+# (rank 0, SIGABRT, with it) - the discarded pipeline engines keep their groups' workers alive until
+# finalization's GC. So the rank leaves without finalization, its result written.
 torch.distributed.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
