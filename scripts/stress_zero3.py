@@ -10,7 +10,9 @@ is non-finite or differs from the reference by more than `atol + rtol * |referen
 
     scripts/stress_zero3.py --runs 60 --python /tmp/ds-venv/bin/python [--deepspeed-tree DIR] [--json]
 
-The parent needs only the standard library; each launch runs
+The parent needs only the standard library and this checkout's `mlstack_ds.runner` (its patience rule:
+a launch is stopped when its processes have done nothing for `--stall` seconds, a hang, or at `--timeout`;
+a loaded machine makes launches slow, not stopped); each launch runs
 `PYTHON -m torch.distributed.run --nproc-per-node 2` on this file in `--worker` mode (gloo,
 `DS_ACCELERATOR=cpu`), so PYTHON needs torch and DeepSpeed (installed, or a source tree given with
 `--deepspeed-tree`, which goes first on PYTHONPATH). `--stages 1,2,3` makes one engine per listed
@@ -35,6 +37,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from _repo import REPO  # noqa: F401  (this checkout's mlstack_ds importable)
+
+from mlstack_ds.errors import ToolTimedOut
+from mlstack_ds.runner import wait_patiently
 
 WORLD_SIZE = 2
 EXIT_CLEAN, EXIT_CORRUPTED, EXIT_USAGE, EXIT_LAUNCH_FAILED = 0, 1, 2, 3
@@ -234,12 +241,13 @@ def launch_once(index: int, args: argparse.Namespace) -> RunOutcome:
         proc = subprocess.Popen(argv, env=worker_env(args.deepspeed_tree), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            output, _ = proc.communicate(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
+            output, _ = wait_patiently(proc, lambda seconds: proc.communicate(timeout=seconds), tuple(argv),
+                                       started=started, timeout=args.timeout, stall_s=args.stall)
+        except ToolTimedOut as exc:
             kill_launch(proc)
             output, _ = proc.communicate()
             return RunOutcome(index, "failed", time.monotonic() - started,
-                              detail=f"timed out after {args.timeout}s; launcher and ranks killed")
+                              detail=f"{exc.message}; launcher and ranks killed")
         seconds = time.monotonic() - started
         files = sorted(Path(result_dir).glob("rank*.json"))
         if proc.returncode != 0 or len(files) != WORLD_SIZE:
@@ -338,7 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="extra zero_optimization entry, e.g. contiguous_gradients=false (repeatable)")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL)
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL)
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per launch before it is killed")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds per launch before it is killed, however busy (default 1800)")
+    parser.add_argument("--stall", type=float, default=120.0,
+                        help="seconds a launch may do nothing (no CPU time, page faults or reads in any of its "
+                             "processes: a hang) before it is killed (default 120)")
     parser.add_argument("--stop-after-corrupted", type=int, default=0, metavar="K",
                         help="stop once K runs were corrupted (0: never)")
     parser.add_argument("--skip-shm-op", action="store_true",
@@ -357,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         run_worker(args)
         return EXIT_CLEAN
-    if args.runs < 1 or args.steps < 1 or args.timeout <= 0:
-        parser.error("--runs, --steps and --timeout must be positive")
+    if args.runs < 1 or args.steps < 1 or args.timeout <= 0 or args.stall <= 0:
+        parser.error("--runs, --steps, --timeout and --stall must be positive")
     if args.deepspeed_tree is not None and not (args.deepspeed_tree / "deepspeed" / "__init__.py").is_file():
         parser.error(f"--deepspeed-tree {args.deepspeed_tree} has no deepspeed/__init__.py")
     args.zero_options = dict(args.zero_option_list)

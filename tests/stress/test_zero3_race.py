@@ -33,8 +33,10 @@ def stress(tree: Path, launches: int, extensions: Path, *extra: str) -> dict:
     """Run the stress script; `--skip-shm-op` must really leave the op alone (nothing JIT-compiled)."""
     argv = [sys.executable, str(STRESS), "--json", "--python", sys.executable, "--deepspeed-tree", str(tree),
             "--runs", str(launches), "--stages", ENGINES_PER_LAUNCH, "--steps", STEPS, "--skip-shm-op",
-            "--timeout", "240", *extra]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=launches * 260, check=False,
+            "--stall", "120", "--timeout", "1800", *extra]
+    # A launch that hangs does nothing and is stopped after 120 s; a loaded machine only makes it slow (at a
+    # load of 29, three suites at once, launches took over 240 s, the fixed limit this replaced).
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=launches * 1900, check=False,
                           env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)})
     assert done.stdout, done.stderr[-2000:]
     assert not list(extensions.glob("**/deepspeed_shm_comm*")), "shm_comm was compiled despite --skip-shm-op"
