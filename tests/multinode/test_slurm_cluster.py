@@ -209,12 +209,14 @@ def test_cluster_starts_again_on_the_same_directory_and_leaves_no_trace(
 def test_a_cluster_that_does_not_come_up_says_why_and_leaves_no_trace(
         slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(harness, "CGROUP_CONF", "CgroupPlugin=cgroup/none-such\n")  # slurmd cannot start
-    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    broken = slurm_cluster(tmp_path_factory.mktemp("slurm-broken"))
+    root = tmp_path_factory.mktemp("slurm-broken")
+    broken = slurm_cluster(root)
     with pytest.raises(RuntimeError, match=r"(?s)slurmd-mls-node-a exited with .*--- slurmd-mls-node-a\.log"):
         broken.__enter__()
-    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    assert set(after.split()) <= set(before.split())
+    made = (root / "hosts" / "netns").read_text().split()  # not a before/after diff: other suites make theirs
+    assert len(made) == 2
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+    assert not any(name in listed or (NETNS_ETC / name).exists() for name in made)
     slurm.wait_idle()
 
 

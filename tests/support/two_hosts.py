@@ -164,6 +164,9 @@ def two_hosts(root: Path, *, node_local: Mapping[str, Mapping[Path, Path]] | Non
         _write(bin_dir / tool.name, f'#!/bin/sh\nexec {tool} -F {ssh_config} "$@"\n', 0o755)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
     made_netns: list[str] = []
+    # Their names, kept after they are gone: which test made a namespace, and whether it removed its own
+    # (other suites on this machine make theirs at the same time).
+    _write(root / "netns", "".join(f"{h.netns}\n" for h in hosts))
     try:
         for host in hosts:
             _run("ip", "netns", "add", host.netns)
