@@ -303,11 +303,14 @@ def register(app: typer.Typer) -> None:
 
 
 def verify_failure(report: VerifyReport | None, done: str, hint: str) -> VerifyFailed | None:
-    """The error of an install whose verify failed (exit 8), or None: the install itself stands."""
+    """The error of an install whose verify failed (exit 8), or None: the install itself stands. The first failure's
+    reason is said too: when every check failed at once (the launch itself), it is the one that matters."""
     if report is None or report.ok:
         return None
-    failed = [c.name for c in report.checks if c.status == "fail"]
-    return VerifyFailed(f"{done}, but {len(failed)} verify check(s) failed: {', '.join(failed)}", hint=hint)
+    failed = [c for c in report.checks if c.status == "fail"]
+    first = f" ({failed[0].name}: {failed[0].reason})" if failed and failed[0].reason else ""
+    return VerifyFailed(f"{done}, but {len(failed)} verify check(s) failed: {', '.join(c.name for c in failed)}"
+                        f"{first}", hint=hint)
 
 
 def install_across(request: InstallRequest, hostfile: Path | None, output: Output, *, json_output: bool,

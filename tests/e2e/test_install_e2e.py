@@ -227,6 +227,17 @@ def test_torch_missing_is_refused_with_the_fix(bare_python: Path) -> None:
 CPU_PLATFORM_SKIPS = {"fused_lamb", "fused_lion"}
 
 
+def verify_failures(stdout: str) -> object:
+    """The failed verify checks' reasons and the launches' ends in the JSON on stdout (what a failure shows)."""
+    try:
+        verify = json.loads(stdout).get("verify") or {}
+    except ValueError:
+        return stdout[-2000:]
+    return {"checks": {c["name"]: c["reason"] for c in verify.get("checks", []) if c["status"] == "fail"},
+            "launches": [{k: launch.get(k) for k in ("returncode", "duration_s", "timed_out", "log_tail")}
+                         for launch in verify.get("launches", [])]}
+
+
 def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tmp_path: Path) -> None:
     """The README's main command on a machine without torch (the system packages are there: scripts/test.sh
     installs them; a package manager call would fail the run); the shared wheel cache spares a rebuild.
@@ -236,7 +247,7 @@ def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tm
     readme_args = readme_main_command()
     result = run_wrapper(*readme_args, "--venv", venv, "--", "--cache-dir", installed_target.cache, "--json",
                          timeout=3600, env={"PATH": f"{guard}{os.pathsep}{os.environ['PATH']}"})
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, (result.stderr[-3000:], verify_failures(result.stdout))
     document = json.loads(result.stdout)
     assert document["action"] == "installed" and document["receipt"]["torch_version"] == "2.13.0+cpu"
     skipped = {c["name"]: c["reason"] for c in document["verify"]["checks"] if c["status"] == "skip"}
