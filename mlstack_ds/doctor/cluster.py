@@ -110,33 +110,24 @@ def diagnose_slurm(allocation: Allocation, python: Path, *, tool: Path | None = 
     resolution and a TCP connect to a port this host listens on), then the cluster and Slurm rules."""
     environ = dict(os.environ if env is None else env)
     tool = tool or Path(sys.executable)
-    srun_path = srun.find_srun(environ)
+    srun.find_srun(environ)  # no srun: the usage error comes before a port is taken
     port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT", "").isdigit() else launcher.free_port("0.0.0.0")
     rendezvous = (socket.gethostname() if socket.gethostname() not in allocation.nodes else allocation.nodes[0], port)
-    hosts = allocation.hosts(1)
-    run_id = launcher.new_run_id()
-    argv = [str(srun_path), *srun.step_options(allocation, hosts, f"{run_id}-doctor", 1), "--label", "--input=all",
-            "sh", "-s"]
     with _listening(port) as port_problem:
         try:
-            result = srun.run_step(argv, input_text=node_script(python, tool, rendezvous), timeout_s=NODE_TIMEOUT_S * 2,
-                                         job_id=allocation.job_id, run_id=f"{run_id}-doctor", env=environ)
-            out, code = result.stdout, result.returncode
+            answers, result = srun.on_each_node(
+                allocation, list(allocation.nodes), ["sh", "-s"], input_text=node_script(python, tool, rendezvous),
+                timeout_s=NODE_TIMEOUT_S * 2, env=environ, name=f"{launcher.new_run_id()}-doctor")
+            code: int | None = result.returncode
         except ToolTimedOut:
-            out, code = "", None
-    per_task: dict[int, list[str]] = {}
-    for line in out.splitlines():
-        task, sep, rest = line.partition(": ")
-        if sep and task.strip().isdigit():
-            per_task.setdefault(int(task), []).append(rest)
+            answers, code = {}, None
     nodes = []
-    for index, host in enumerate(allocation.nodes):
-        lines = per_task.get(index)
-        if lines is None:
+    for host in allocation.nodes:
+        if host not in answers:
             node = NodeFacts(host, unreachable="its srun task did not answer" + (
                 f" (srun exit {code})" if code is not None else f" within {NODE_TIMEOUT_S * 2:g} s"))
         else:
-            node = parse_node_output(host, "\n".join(lines), python)
+            node = parse_node_output(host, answers[host], python)
         status(node_status(node, python).replace("not reachable over ssh", "no answer from srun"))
         nodes.append(node)
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=None,

@@ -114,7 +114,7 @@ def _launch_srun(python: Path, args: Sequence[str], env: dict[str, str], *, allo
     returns only when no task of either step is left on any node (the launch directory is shared)."""
     srun_path = srun.find_srun(env)
     env.update(srun.rendezvous_env(hosts))
-    node_list = srun.check_nodes(srun_path, python, dirs.root, allocation=allocation, hosts=hosts,
+    node_list = srun.check_nodes(python, dirs.root, allocation=allocation, hosts=hosts,
                                  run_id=dirs.run_id, env=env, status=status)
     argv = srun.srun_argv(srun_path, python, args, allocation=allocation, hosts=hosts, run_id=dirs.run_id)
     try:

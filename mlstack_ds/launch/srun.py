@@ -26,7 +26,7 @@ from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.slurm import Allocation
 from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolTimedOut
-from mlstack_ds.launch import launcher
+from mlstack_ds.launch import labelled, launcher
 
 ENTRY_MODULE = f"{launcher.WORKER_MODULE}.slurm_env"
 TERMINATE_GRACE_S = 30.0  # srun's own teardown after SIGTERM: seconds idle, more under load
@@ -72,30 +72,23 @@ def find_srun(env: Mapping[str, str]) -> Path:
     return srun
 
 
-def check_nodes(srun: Path, python: Path, launch_dir: Path, *, allocation: Allocation, hosts: Sequence[HostEntry],
+def check_nodes(python: Path, launch_dir: Path, *, allocation: Allocation, hosts: Sequence[HostEntry],
                 run_id: str, env: Mapping[str, str], status: Callable[[str], None]) -> list[SlurmNode]:
     """One task per node (`ls -d` of the interpreter and the launch directory): every node has `python` and
     sees this host's launch directory (a shared file system: srun copies nothing). One srun step; raises
     EnvironmentProblem naming every node that cannot take part, before any rank starts."""
-    argv = [str(srun), *step_options(allocation, hosts, f"{run_id}-check", 1), "--label", "ls", "-d", "--",
-            str(python), str(launch_dir)]
     try:
-        result = run_step(argv, timeout_s=CHECK_TIMEOUT_S, job_id=allocation.job_id, run_id=f"{run_id}-check",
-                          env=env)
+        answers, result = on_each_node(allocation, [h.host for h in hosts], ["ls", "-d", "--", python, launch_dir],
+                                       timeout_s=CHECK_TIMEOUT_S, env=env, name=f"{run_id}-check")
     except ToolTimedOut as exc:
         raise EnvironmentProblem(f"srun did not start a task on every node within {CHECK_TIMEOUT_S:g} s",
                                  hint="is the allocation still running (`squeue -j "
                                  f"{allocation.job_id}`)? are its nodes up (`sinfo`)?") from exc
-    seen: dict[int, set[str]] = {}
-    for line in result.stdout.splitlines():
-        task, _, path = line.partition(": ")
-        if task.strip().isdigit():
-            seen.setdefault(int(task), set()).add(path.strip())
     problems, layout, next_rank = [], [], 0
-    for index, host in enumerate(hosts):
+    for host in hosts:
         ranks = tuple(range(next_rank, next_rank + host.slots))
         next_rank += host.slots
-        found = seen.get(index, set())
+        found = {path.strip() for path in answers.get(host.host, "").splitlines()}
         if not found and result.returncode != 0:
             problems.append(f"node {host.host} ran no task ({_last_line(result.stderr)})")
         elif str(python) not in found:
@@ -205,22 +198,19 @@ def _last_line(text: str) -> str:
 
 
 def on_each_node(allocation: Allocation, hosts: Sequence[str], argv: Sequence[str | Path], *, timeout_s: float,
-                 env: Mapping[str, str], input_text: str | None = None) -> tuple[dict[str, str], runner.RunResult]:
-    """`argv` once on each of `hosts` in one srun step (one task per node, `--label`); returns each node's
-    own stdout (the labelled lines, label removed; a node whose task printed nothing is absent) and the
-    step's result. Raises ToolTimedOut after `timeout_s`, with the step gone."""
+                 env: Mapping[str, str], input_text: str | None = None,
+                 name: str | None = None) -> tuple[dict[str, str], runner.RunResult]:
+    """`argv` once on each of `hosts` in one srun step (one task per node, `--label`, named `name`); returns
+    each node's own stdout, whole (`labelled`: a node whose task printed nothing is absent), and the step's
+    result. Raises ToolTimedOut after `timeout_s`, with the step gone."""
     entries = [HostEntry(host, 1) for host in hosts]
-    name = f"{launcher.new_run_id()}-each"
+    name = name or f"{launcher.new_run_id()}-each"
     command = [str(find_srun(env)), *step_options(allocation, entries, name, 1), "--label",
-               *(["--input=all"] if input_text is not None else []), *map(str, argv)]
+               *(["--input=all"] if input_text is not None else []), *labelled.wrapped([str(a) for a in argv])]
     result = run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env,
                       input_text=input_text)
-    lines: dict[int, list[str]] = {}
-    for line in result.stdout.splitlines():
-        task, sep, rest = line.partition(": ")
-        if sep and task.strip().isdigit():
-            lines.setdefault(int(task), []).append(rest)
-    return {hosts[task]: "\n".join(text) for task, text in lines.items() if task < len(hosts)}, result
+    outputs = labelled.task_outputs(result.stdout)
+    return {hosts[task]: text for task, text in outputs.items() if task < len(hosts)}, result
 
 
 def on_node(allocation: Allocation, host: str, argv: Sequence[str | Path], *, timeout_s: float,

@@ -62,6 +62,24 @@ def test_cpus_per_task_and_omp_threads_set_quiet_the_cpu_warning(slurm: SlurmClu
     assert "MLS-SLURM-002" not in findings(report)
 
 
+def test_a_target_under_a_long_path_is_read_whole_from_every_node(
+        slurm: SlurmCluster, no_ops_venv: TargetVenv, tmp_path: Path) -> None:
+    """srun --label splits a task's line longer than 1024 bytes (Slurm's message size) into two labelled lines;
+    the target probe's first line names the interpreter's paths several times, so a venv under a long path
+    (a project directory on a cluster file system) made every node "unreadable" before the answers were
+    carried in short lines."""
+    deep = tmp_path / ("project-" + "d" * 180) / "environments"
+    deep.mkdir(parents=True)
+    (deep / "ds").symlink_to(no_ops_venv.root, target_is_directory=True)
+    python = deep / "ds" / "bin" / "python"
+    code, report, stderr = doctor(slurm, python, extra_env={"OMP_NUM_THREADS": "2"})
+    assert code == 0, (stderr, report)
+    assert [(n["host"], n["reachable"]) for n in report["nodes"]] == [("mls-node-a", True), ("mls-node-b", True)]
+    assert all(n["python"]["executable"] == str(python) and n["deepspeed"] and n["torch"]["version"]
+               for n in report["nodes"]), report["nodes"]
+    assert slurm.wait_no_leftovers(120) == {}
+
+
 def test_a_port_held_on_loopback_and_a_rendezvous_name_on_loopback_are_errors(
         slurm: SlurmCluster, no_ops_venv: TargetVenv) -> None:
     node_a, node_b = slurm.nodes
