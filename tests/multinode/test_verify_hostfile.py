@@ -102,10 +102,15 @@ def test_a_launch_that_cannot_meet_times_out_and_leaves_nothing_on_any_node(
         assert code == ExitCode.VERIFY, stderr
         (check,) = report["checks"]
         assert check["status"] == "fail"
-        # each rank either reached gloo's verdict (the loopback address it was told) or was still waiting
-        for part in check["reason"].split("; "):
-            text = part.split(": ", 1)[1]
-            assert text.startswith("timed out after 45 s") or "remote=[127.0.0.1]" in text, check["reason"]
+        # each rank either reached gloo's verdict (the loopback address it was told), or was still waiting, or
+        # lost the rendezvous store when the rank that holds it (rank 0) ended on that verdict: under the
+        # parallel load runs, "rank 1: DistNetworkError: Failed to recv, got 0 bytes. Connection was likely
+        # closed" beside rank 0's `remote=[127.0.0.1]`
+        texts = [part.split(": ", 1)[1] for part in check["reason"].split("; ")]
+        verdict = any("remote=[127.0.0.1]" in text for text in texts)
+        for text in texts:
+            assert (text.startswith("timed out after 45 s") or "remote=[127.0.0.1]" in text
+                    or (verdict and "Connection was likely closed" in text)), check["reason"]
         assert_nothing_left(hosts)
 
 
