@@ -105,6 +105,10 @@ class ToolTimedOut(ToolError):
     pass
 
 
+class ToolStalled(ToolTimedOut):
+    """Stopped by a stall rule: it made no progress for its stall time (before its ceiling)."""
+
+
 class Interrupted(MlstackError):
     """Ctrl-C or SIGTERM: reported like any other stop, with what state things were left in."""
 

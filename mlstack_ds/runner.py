@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlstack_ds.errors import ToolError, ToolMissing, ToolTimedOut
+from mlstack_ds.errors import ToolError, ToolMissing, ToolStalled, ToolTimedOut
 
 DEFAULT_TIMEOUT_S = 60.0
 T = TypeVar("T")
@@ -69,6 +69,7 @@ def run(
     pass_fds: Sequence[int] = (),
     terminate_s: float = 0.0,
     stall_s: float | None = None,
+    progress: Callable[[], object] | None = None,
 ) -> RunResult:
     """Run `argv` to completion, capturing text output; raise ToolMissing/ToolTimedOut/ToolError.
 
@@ -76,7 +77,7 @@ def run(
     child keeps (an install lock, held as long as the pip holding it runs). On time-out or Ctrl-C the
     child's session is SIGKILLed; with `terminate_s`, it gets SIGTERM first and that long to exit (srun:
     SIGTERM makes it kill its job step on every node, SIGKILL would leave the step running).
-    `stall_s`: see `wait_patiently` (`timeout` is then the ceiling).
+    `stall_s`, `progress`: see `wait_patiently` (`timeout` is then the ceiling).
     """
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
@@ -91,7 +92,7 @@ def run(
 
     try:
         stdout, stderr = wait_patiently(proc, communicate, args, started=started, timeout=timeout,
-                                        stall_s=stall_s)
+                                        stall_s=stall_s, progress=progress)
     except BaseException:
         _terminate(proc, terminate_s)
         raise
@@ -102,9 +103,11 @@ POLL_S = 1.0  # how often a patient wait looks at the child's progress
 
 
 def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args: tuple[str, ...], *,
-                   started: float, timeout: float, stall_s: float | None) -> T:
+                   started: float, timeout: float, stall_s: float | None,
+                   progress: Callable[[], object] | None = None) -> T:
     """`wait(seconds)` (raising TimeoutExpired) until the child ends; ToolTimedOut when `timeout` s have
-    passed since `started`, or, with `stall_s`, when its session made no progress for that long.
+    passed since `started`, or, with `stall_s`, ToolStalled when it made no progress for that long:
+    `progress()` returned the same value all that time (default: its session's CPU, faults and I/O).
 
     Why progress and not only wall time: a torch import takes 10 s on a quiet machine and minutes on one
     thrashing under parallel compiles (measured: 111 s at a load of 25, against a 120 s limit). Killed
@@ -116,20 +119,22 @@ def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args
             return wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired as exc:
             raise _timed_out(args, timeout) from exc
-    seen, moved = session_progress(proc.pid), time.monotonic()
+    look = progress if progress is not None else lambda: session_progress(proc.pid)
+    seen, moved = look(), time.monotonic()
     while True:
         now = time.monotonic()
         try:
             return wait(max(0.0, min(POLL_S, deadline - now, moved + stall_s - now)))
         except subprocess.TimeoutExpired as exc:
             now = time.monotonic()
-            current = session_progress(proc.pid)
+            current = look()
             if current != seen:
                 seen, moved = current, now
             if now >= deadline:
                 raise _timed_out(args, timeout) from exc
             if now - moved >= stall_s:
-                raise _stalled(args, stall_s) from exc
+                raise _stalled(args, stall_s, "" if progress is not None else
+                               " (no CPU time, page faults or reads)") from exc
 
 
 def _terminate(proc: subprocess.Popen[str], grace_s: float) -> None:
@@ -339,9 +344,9 @@ def kill_child_sessions(parent: int | None = None, proc_root: Path = Path("/proc
     return leaders
 
 
-def _stalled(args: tuple[str, ...], stall_s: float) -> ToolTimedOut:
-    return ToolTimedOut(
-        f"{Path(args[0]).name} made no progress for {stall_s:g} s (no CPU time, page faults or reads)",
+def _stalled(args: tuple[str, ...], stall_s: float, how: str) -> ToolStalled:
+    return ToolStalled(
+        f"{Path(args[0]).name} made no progress for {stall_s:g} s{how}",
         hint="it is hanging, e.g. on a driver, a device or a lock; run it by hand to see",
     )
 

@@ -158,7 +158,8 @@ def _timeout(bounds: str) -> Any:
                                          "killed.")]
 
 
-VerifyTimeoutOption = _timeout("for the whole run")
+VerifyTimeoutOption = _timeout("a launch may go with no rank reporting (a hang; a slow machine keeps reporting), "
+                               "and as many per check at most; over --hostfile, seconds for the whole run")
 BenchTimeoutOption = _timeout("per stage")
 
 

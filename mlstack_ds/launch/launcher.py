@@ -20,13 +20,13 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
-from mlstack_ds.errors import ToolError, ToolTimedOut
+from mlstack_ds.errors import ToolError, ToolStalled, ToolTimedOut
 
 RUN_ID_ENV = "MLSTACK_VERIFY_RUN_ID"
 # The worker package (mlstack_ds/worker/) is copied into each launch's directory under this name
@@ -104,15 +104,20 @@ class LaunchOutcome:
     log_tail: str
     rank_exit_codes: Mapping[int, int] = field(default_factory=dict)
     ended_by: str = ""  # what ended the ranks from outside (a Slurm job's time limit): the reason to give
+    stalled: bool = False  # timed out by the stall rule (no progress for stall_s), not the ceiling
 
 
 def run_launch(argv: Sequence[str], *, timeout_s: float, run_id: str,
-               env: Mapping[str, str] | None = None, cwd: Path | None = None) -> LaunchOutcome:
-    """Run one launch to completion or time-out; afterwards no process of it is left."""
+               env: Mapping[str, str] | None = None, cwd: Path | None = None,
+               stall_s: float | None = None, progress: Callable[[], object] | None = None) -> LaunchOutcome:
+    """Run one launch to completion or time-out; afterwards no process of it is left. With `stall_s`, it
+    is also stopped when `progress()` (the ranks' result files) stays the same that long."""
     launch_env = {**(env if env is not None else os.environ), RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     try:
-        result = runner.run(argv, timeout=timeout_s, env=launch_env, cwd=cwd)
+        result = runner.run(argv, timeout=timeout_s, env=launch_env, cwd=cwd, stall_s=stall_s, progress=progress)
+    except ToolStalled:
+        return LaunchOutcome(None, time.monotonic() - started, True, "", stalled=True)
     except ToolTimedOut:
         return LaunchOutcome(None, time.monotonic() - started, True, "")
     except ToolError as exc:

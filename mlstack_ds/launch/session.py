@@ -62,6 +62,28 @@ class LaunchInterrupted(KeyboardInterrupt):
         self.records = records
 
 
+def progress_visible(hosts: Sequence[HostEntry] | None, allocation: Allocation | None) -> bool:
+    """Whether the ranks' result files grow here while they run: on one node, or under Slurm (whose
+    launch directory every node shares); not over a hostfile, whose nodes' files are fetched at the end."""
+    return hosts is None or allocation is not None
+
+
+def results_progress(results: Path) -> tuple[tuple[str, int], ...]:
+    """The ranks' result files and their sizes: every event a rank writes (hello, a check begun, a check
+    finished, the summary) changes it, so an unchanged value means no rank got anywhere."""
+    try:
+        entries = sorted(results.iterdir())
+    except OSError:
+        return ()
+    sizes = []
+    for entry in entries:
+        try:
+            sizes.append((entry.name, entry.stat().st_size))
+        except OSError:  # removed between listing and stat
+            continue
+    return tuple(sizes)
+
+
 def read_records(results: Path, world_size: int) -> RankRecords:
     return RankRecords({rank: protocol.read_rank_file(results, rank) for rank in range(world_size)},
                        protocol.read_summary(results))
@@ -72,11 +94,14 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
                    extra_env: Mapping[str, str] | None = None, status: Callable[[str], None] = lambda _m: None,
                    prefix: str = "mlstack-launch-",
                    watch: Callable[[Path], AbstractContextManager[object]] | None = None,
-                   allocation: Allocation | None = None) -> Launched:
+                   allocation: Allocation | None = None, stall_s: float | None = None) -> Launched:
     """Run the worker (`worker_args(dirs)`: its module and arguments; files it needs go under `dirs.root`,
     which reaches every node) on `world_size` ranks, or on `hosts` with a hostfile, or on `hosts` of a
     Slurm `allocation` with srun (launch/srun.py), for at most `timeout_s`; `watch(results)` runs around the
-    launch itself (bench's progress lines).
+    launch itself (bench's progress lines). With `stall_s`, the launch is also stopped when no rank's result
+    file changed for that long, where this process sees those files as they are written (one node, or
+    Slurm's shared launch directory); a hostfile's nodes send theirs only at the end, so there `timeout_s`
+    alone bounds it (`progress_visible`).
 
     Raises what the node preparation raises (nothing has run then), LaunchInterrupted on Ctrl-C."""
     run_id = launcher.new_run_id()
@@ -86,15 +111,20 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
         staged = launcher.stage_worker(dirs.root / "code")
         args = worker_args(dirs)
         env = launcher.worker_env({**os.environ, **(extra_env or {})}, staged)
+        progress = (lambda: results_progress(dirs.results)) if stall_s is not None else None
         if allocation is not None and hosts is not None:
             return _launch_srun(python, args, env, allocation=allocation, hosts=hosts, dirs=dirs, staged=staged,
-                                world_size=world_size, timeout_s=timeout_s, status=status, watch=watch)
+                                world_size=world_size, timeout_s=timeout_s, status=status, watch=watch,
+                                stall_s=stall_s, progress=progress)
+        if not progress_visible(hosts, allocation):
+            stall_s = progress = None
         argv, node_list = nodes.launch_command(python, args, env, launch_dir=dirs.root, run_id=run_id,
                                                world_size=world_size, hosts=hosts, hostfile=hostfile, status=status)
         try:
             with watch(dirs.results) if watch is not None else nullcontext():
                 # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
-                outcome = launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged)
+                outcome = launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged,
+                                              stall_s=stall_s, progress=progress)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
             nodes.finish(node_list, run_id, dirs.root, dirs.results, env=env)
             raise LaunchInterrupted(read_records(dirs.results, world_size)) from None
@@ -109,7 +139,8 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
 def _launch_srun(python: Path, args: Sequence[str], env: dict[str, str], *, allocation: Allocation,
                  hosts: Sequence[HostEntry], dirs: LaunchDirs, staged: Path, world_size: int, timeout_s: float,
                  status: Callable[[str], None],
-                 watch: Callable[[Path], AbstractContextManager[object]] | None) -> Launched:
+                 watch: Callable[[Path], AbstractContextManager[object]] | None,
+                 stall_s: float | None, progress: Callable[[], object] | None) -> Launched:
     """The Slurm branch: every node checked by one srun step, then one task per rank; srun.run_launch
     returns only when no task of either step is left on any node (the launch directory is shared)."""
     srun_path = srun.find_srun(env)
@@ -120,7 +151,7 @@ def _launch_srun(python: Path, args: Sequence[str], env: dict[str, str], *, allo
     try:
         with watch(dirs.results) if watch is not None else nullcontext():
             outcome = srun.run_launch(argv, timeout_s=timeout_s, job_id=allocation.job_id, run_id=dirs.run_id,
-                                      env=env, cwd=staged)
+                                      env=env, cwd=staged, stall_s=stall_s, progress=progress)
     except KeyboardInterrupt:
         raise LaunchInterrupted(read_records(dirs.results, world_size)) from None
     return Launched(tuple(argv), outcome, read_records(dirs.results, world_size), tuple(node_list))

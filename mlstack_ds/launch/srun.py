@@ -25,7 +25,7 @@ from pathlib import Path
 from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.slurm import Allocation
-from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolTimedOut
+from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolStalled, ToolTimedOut
 from mlstack_ds.launch import labelled, launcher
 
 ENTRY_MODULE = f"{launcher.WORKER_MODULE}.slurm_env"
@@ -109,22 +109,28 @@ def check_nodes(python: Path, launch_dir: Path, *, allocation: Allocation, hosts
 
 
 def run_step(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: str, env: Mapping[str, str],
-             cwd: Path | None = None, input_text: str | None = None) -> runner.RunResult:
-    """Run one srun step to completion or time-out; afterwards no task of it is left on any node."""
+             cwd: Path | None = None, input_text: str | None = None, stall_s: float | None = None,
+             progress: Callable[[], object] | None = None) -> runner.RunResult:
+    """Run one srun step to completion or time-out (`stall_s`, `progress`: see `runner.wait_patiently`);
+    afterwards no task of it is left on any node."""
     try:
         return runner.run(argv, timeout=timeout_s, env=env, cwd=cwd, terminate_s=TERMINATE_GRACE_S,
-                          input_text=input_text)
+                          input_text=input_text, stall_s=stall_s, progress=progress)
     finally:  # also on Ctrl-C/SIGTERM: srun had its SIGTERM; what Slurm still runs of the step is cancelled
         stop_steps(job_id, run_id, env)
 
 
 def run_launch(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: str, env: Mapping[str, str],
-               cwd: Path | None = None) -> launcher.LaunchOutcome:
+               cwd: Path | None = None, stall_s: float | None = None,
+               progress: Callable[[], object] | None = None) -> launcher.LaunchOutcome:
     """`launcher.run_launch` for an srun step: the same outcome, and the step gone from every node."""
     launch_env = {**env, launcher.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     try:
-        result = run_step(argv, timeout_s=timeout_s, job_id=job_id, run_id=run_id, env=launch_env, cwd=cwd)
+        result = run_step(argv, timeout_s=timeout_s, job_id=job_id, run_id=run_id, env=launch_env, cwd=cwd,
+                          stall_s=stall_s, progress=progress)
+    except ToolStalled:
+        return launcher.LaunchOutcome(None, time.monotonic() - started, True, "", stalled=True)
     except ToolTimedOut:
         return launcher.LaunchOutcome(None, time.monotonic() - started, True, "")
     except ToolError as exc:

@@ -1,8 +1,15 @@
 """Run the verify suite against a target interpreter and produce a `VerifyReport`.
 
-One launch per group of checks (by default a single launch for the whole suite); the time-out bounds
-the whole run, and a check that did not report is a failure whose reason says why (time-out, a rank
-that died, a launcher that never started the ranks).
+One launch per group of checks (by default a single launch for the whole suite), and a check that did
+not report is a failure whose reason says why (time-out, a rank that died, a launcher that never started
+the ranks).
+
+The time-out S is a stall rule where the ranks' progress can be seen while they run (one node, Slurm): a
+launch is stopped when no rank has reported anything for S s, and after S s per check (plus S for
+start-up) at most. A hang stops reporting, so it still ends S s after the last report; a machine busy with
+other work only slows the checks down. (A fixed 300 s for the whole suite stopped all 19 checks of a
+healthy install, 76 s on a quiet machine, on one running three parallel builds.) Over a hostfile the
+ranks' files come back only at the end, so there S bounds the whole run.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import Interrupted, UsageError
 from mlstack_ds.launch import launcher, target
-from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers
+from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers, progress_visible
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
 
@@ -73,19 +80,20 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     else:
         (world_size,) = target.world_sizes(probe, (options.world_size,) if options.world_size else (),
                                            options.hostfile, hosts)
-    deadline = started + options.timeout_s
+    watched = progress_visible(hosts, allocation)
+    deadline = started + options.timeout_s  # the whole run's, where progress is not watched
     results: list[CheckResult] = []
     launches: list[LaunchRecord] = []
     for group in launch_groups(specs, options.isolate):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        bounds = launch_bounds(options.timeout_s, len(group), deadline - time.monotonic(), watched=watched)
+        if bounds.ceiling_s <= 0:
             reason = f"timed out after {options.timeout_s:g} s (not started)"
             results += [CheckResult(s.name, "fail", reason, 0.0) for s in group]
             continue
         status(f"launching {len(group)} check(s) on {world_size} rank(s): {', '.join(s.name for s in group)}")
         try:
             group_results, record = _run_group(python, group, world_size, hosts=hosts, options=options,
-                                               timeout_s=remaining, status=status, allocation=allocation)
+                                               bounds=bounds, status=status, allocation=allocation)
         except _InterruptedGroup as stopped:
             done = results + stopped.finished
             raise Interrupted(
@@ -97,8 +105,27 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     return VerifyReport(str(python), world_size, tuple(results), tuple(launches), time.monotonic() - started)
 
 
+@dataclass(frozen=True)
+class LaunchBounds:
+    """How long one launch of checks may run: `ceiling_s` in all and, with `stall_s`, that long without any
+    rank reporting; `named_s` is the time a timed-out check's reason names when the ceiling stopped it."""
+
+    ceiling_s: float
+    stall_s: float | None
+    named_s: float
+
+
+def launch_bounds(timeout_s: float, checks: int, remaining_s: float, *, watched: bool) -> LaunchBounds:
+    """The module docstring's rule: watched, `timeout_s` without a report and `timeout_s` per check plus one
+    for start-up in all; not watched, what is left of the whole run's `timeout_s`."""
+    if watched:
+        ceiling = timeout_s * (checks + 1)
+        return LaunchBounds(ceiling, timeout_s, ceiling)
+    return LaunchBounds(remaining_s, None, timeout_s)
+
+
 def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
-               hosts: Sequence[hostfile.HostEntry] | None, options: VerifyOptions, timeout_s: float,
+               hosts: Sequence[hostfile.HostEntry] | None, options: VerifyOptions, bounds: LaunchBounds,
                status: Callable[[str], None], allocation: slurm.Allocation | None = None,
                ) -> tuple[list[CheckResult], LaunchRecord]:
     names = [s.name for s in group]
@@ -113,8 +140,9 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
 
     try:
         launched = launch_workers(python, worker_args, world_size=world_size, hosts=hosts,
-                                  hostfile=options.hostfile, timeout_s=timeout_s, extra_env=options.extra_env,
-                                  status=status, prefix="mlstack-verify-", allocation=allocation)
+                                  hostfile=options.hostfile, timeout_s=bounds.ceiling_s, stall_s=bounds.stall_s,
+                                  extra_env=options.extra_env, status=status, prefix="mlstack-verify-",
+                                  allocation=allocation)
     except LaunchInterrupted as stopped:  # keep the checks every rank had finished
         logs = rank_logs(stopped.records, world_size)
         finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
@@ -122,10 +150,11 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
         raise _InterruptedGroup(finished) from None
     outcome = launched.outcome
     logs = rank_logs(launched.records, world_size)
+    named_s = bounds.stall_s if outcome.stalled and bounds.stall_s is not None else bounds.named_s
     results = []
     for name in names:
         per_rank = {rank: log.results[name] for rank, log in logs.items() if name in log.results}
-        missing = {rank: _why_missing(name, log, rank, outcome, options.timeout_s)
+        missing = {rank: _why_missing(name, log, rank, outcome, named_s)
                    for rank, log in logs.items() if name not in log.results}
         results.append(merge_check(name, per_rank, world_size, missing))
     record = LaunchRecord(launched.argv, tuple(names), outcome.returncode, round(outcome.duration_s, 3),
@@ -181,7 +210,8 @@ def _why_missing(name: str, log: RankLog, rank: int, outcome: launcher.LaunchOut
                  timeout_s: float) -> str:
     if outcome.timed_out:
         where = "while running it" if log.begun and log.begun[-1] == name else "before reaching it"
-        return f"timed out after {timeout_s:g} s ({where})"
+        how = " with no rank reporting" if outcome.stalled else ""
+        return f"timed out after {timeout_s:g} s{how} ({where})"
     code = outcome.rank_exit_codes.get(rank)
     if outcome.ended_by:
         return f"{outcome.ended_by} ({f'exit code {code}' if code is not None else 'while it ran'})"

@@ -115,6 +115,7 @@ def main(argv=None):
     fault = parse_fault(os.environ.get("MLSTACK_VERIFY_TEST_FAULT", ""), rank)
     ctx = Context(args, rank, world_size)
     import_targets(ctx, args.allow_jit)
+    log.write({"event": "imported", "rank": rank})  # progress: importing takes minutes on a busy machine
     init_distributed(ctx, args.timeout)
     names = [n for n in args.checks.split(",") if n]
     table = by_name()

@@ -3,8 +3,9 @@
 One result protocol for every entry of the worker (the check suite and bench), read by the tool through
 this module (mlstack_ds/launch/session.py imports it; it needs nothing beyond the standard library):
 - every rank appends JSON lines to `DIR/rank<R>.jsonl` (`ResultLog`), each with an `event`; the checks
-  write `{"event": "start", "check": ...}` before a check and `{"event": "result", ...}` after it, so a
-  rank that hangs or dies still leaves the checks it finished and the one it was in; bench writes one
+  write `hello` at start, `imported` once torch and DeepSpeed are, `{"event": "start", "check": ...}`
+  before a check and `{"event": "result", ...}` after it, so a rank that hangs or dies still leaves the
+  checks it finished and the one it was in, and the tool sees each step as progress; bench writes one
   `{"event": "bench", ...}` line with its measurements or why it stopped;
 - at the end of the checks rank 0 gathers every rank's results (through torch.distributed, so remote
   nodes count too) into `DIR/summary.json`; bench's rank 0 appends its steps to `DIR/progress.jsonl`.
@@ -12,7 +13,8 @@ Nodes that do not share the head's file system are fetched `RESULTS_GLOB` back a
 
 Fault injection for tests of the absent-failure paths (a real hang or crash cannot be provoked on a
 healthy install): `MLSTACK_VERIFY_TEST_FAULT=hang:rank1` or `crash:rank1`, optionally `:<check>` to
-fire at the start of that check instead of the first one.
+fire at the start of that check instead of the first one; `slow:rank1[:<check>]` makes that rank take
+`SLOW_FAULT_S` longer over every check (or the named one), like a machine busy with other work.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 PROTOCOL_VERSION = 1
+SLOW_FAULT_S = 60.0
 RESULTS_GLOB = "rank*.jsonl"
 SUMMARY_FILE = "summary.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -122,12 +125,15 @@ def parse_fault(spec, rank):
     if not spec:
         return None
     parts = spec.split(":")
-    if len(parts) < 2 or parts[0] not in ("hang", "crash") or parts[1] != f"rank{rank}":
+    if len(parts) < 2 or parts[0] not in ("hang", "crash", "slow") or parts[1] != f"rank{rank}":
         return None
     return parts[0], (parts[2] if len(parts) > 2 else None)
 
 
 def fire_fault(fault, check, first):
+    if fault is not None and fault[0] == "slow" and fault[1] in (None, check):
+        time.sleep(SLOW_FAULT_S)
+        return
     if fault is None or (fault[1] is None and not first) or (fault[1] is not None and fault[1] != check):
         return
     if fault[0] == "crash":

@@ -10,7 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mlstack_ds.launch import launcher
-from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, launch_workers, read_records
+from mlstack_ds.launch.session import (
+    LaunchDirs,
+    LaunchInterrupted,
+    launch_workers,
+    read_records,
+    results_progress,
+)
 
 FAKE_TORCHRUN = textwrap.dedent("""\
     import os, subprocess, sys
@@ -30,6 +36,9 @@ RANK = textwrap.dedent("""\
     log.write({"event": "hello", "rank": rank, "run_id": os.environ["MLSTACK_VERIFY_RUN_ID"]})
     if os.environ.get("FAKE_HANG") == str(rank):
         time.sleep(600)
+    for step in range(int(os.environ.get("FAKE_STEPS", "0"))):  # a slow rank that keeps reporting
+        time.sleep(1)
+        log.write({"event": "start", "check": f"step{step}", "rank": rank})
     log.write({"event": "result", "check": "x", "rank": rank, "status": "pass"})
 """)
 
@@ -80,6 +89,41 @@ def test_a_hung_rank_is_timed_out_swept_and_what_it_wrote_kept(tmp_path: Path) -
     assert [r["event"] for r in launched.records.ranks[0]] == ["hello", "result"]
     assert launched.records.ranks[1][0]["run_id"] == seen[0].run_id
     assert launcher.processes_with_marker(seen[0].run_id) == []
+
+
+def test_a_launch_that_keeps_reporting_outlasts_its_stall_limit(tmp_path: Path) -> None:
+    """Issue 28: a healthy launch slowed down by a busy machine is not a hang. Each rank reports every
+    second for 16 s, twice the stall limit: it runs to its end."""
+    launched = launch_workers(Path(sys.executable), rank_args([]), world_size=2, hosts=None, hostfile=None,
+                              timeout_s=120, stall_s=8,
+                              extra_env={"PYTHONPATH": fake_torch(tmp_path), "FAKE_STEPS": "16"})
+    assert launched.outcome.returncode == 0 and not launched.outcome.timed_out, launched.outcome
+    assert launched.outcome.duration_s > 16
+    assert [r["event"] for r in launched.records.ranks[1]][-1] == "result"
+
+
+def test_a_launch_whose_ranks_stop_reporting_is_stopped_at_its_stall_limit(tmp_path: Path) -> None:
+    """Rank 1 hangs after its hello: nothing is written any more, so the stall rule (8 s), not the ceiling
+    (120 s), ends it; what the ranks wrote is kept and nothing of it is left running."""
+    seen: list[LaunchDirs] = []
+    launched = launch_workers(Path(sys.executable), rank_args(seen), world_size=2, hosts=None, hostfile=None,
+                              timeout_s=120, stall_s=8,
+                              extra_env={"PYTHONPATH": fake_torch(tmp_path), "FAKE_HANG": "1"})
+    assert launched.outcome.timed_out and launched.outcome.stalled
+    assert launched.outcome.duration_s < 60
+    assert [r["event"] for r in launched.records.ranks[1]] == ["hello"]
+    assert launcher.processes_with_marker(seen[0].run_id) == []
+
+
+def test_results_progress_changes_with_every_record(tmp_path: Path) -> None:
+    assert results_progress(tmp_path / "absent") == ()
+    before = results_progress(tmp_path)
+    (tmp_path / "rank0.jsonl").write_text('{"event": "hello"}\n')
+    after_hello = results_progress(tmp_path)
+    with (tmp_path / "rank0.jsonl").open("a") as log:
+        log.write('{"event": "start", "check": "zero1"}\n')
+    assert len({before, after_hello, results_progress(tmp_path)}) == 3
+    assert results_progress(tmp_path) == results_progress(tmp_path)
 
 
 def test_records_of_ranks_that_wrote_nothing_or_were_cut_off(tmp_path: Path) -> None:

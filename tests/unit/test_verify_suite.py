@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mlstack_ds.launch.launcher import LaunchOutcome
-from mlstack_ds.verify.suite import RankLog, _why_missing
+from mlstack_ds.verify.suite import LaunchBounds, RankLog, _why_missing, launch_bounds
 
 
 def rank_log(*begun: str, started: bool = True) -> RankLog:
@@ -16,6 +16,21 @@ def test_time_out_while_running_the_check() -> None:
         "timed out after 30 s (while running it)")
     assert _why_missing("zero2", rank_log("environment", "zero1"), 0, outcome, 30) == (
         "timed out after 30 s (before reaching it)")
+
+
+def test_a_launch_stopped_by_the_stall_rule_says_so() -> None:
+    outcome = LaunchOutcome(None, 80.0, True, "", stalled=True)
+    assert _why_missing("zero1", rank_log("environment", "zero1"), 1, outcome, 45) == (
+        "timed out after 45 s with no rank reporting (while running it)")
+
+
+def test_where_progress_is_watched_the_time_out_is_a_stall_limit_and_per_check() -> None:
+    """One node or Slurm: S without a report, and S per check plus S for start-up in all, whatever is left
+    of the run (each launch gets its own). Over a hostfile: what is left of S for the whole run."""
+    assert launch_bounds(300, 19, -5, watched=True) == LaunchBounds(6000, 300, 6000)
+    assert launch_bounds(45, 1, 45, watched=True) == LaunchBounds(90, 45, 90)
+    assert launch_bounds(300, 19, 120, watched=False) == LaunchBounds(120, None, 300)
+    assert launch_bounds(300, 3, 0, watched=False).ceiling_s <= 0  # nothing left: not started
 
 
 def test_the_rank_that_crashed_and_the_rank_the_launcher_stopped() -> None:
