@@ -11,12 +11,13 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlstack_ds.build.oplogs import OpLogs
@@ -24,6 +25,7 @@ from mlstack_ds.detect.host import host_facts
 from mlstack_ds.detect.toolchain import find_cxx
 from mlstack_ds.errors import BuildError
 from mlstack_ds.patches import apply_series, series_for_recipe
+from mlstack_ds.plan.buildjobs import BuildConcurrency
 from mlstack_ds.plan.buildplan import BuildPlan, plan_env
 from mlstack_ds.recipe import Recipe
 from mlstack_ds.runner import run_streaming
@@ -171,37 +173,28 @@ def build_wheel(
         at_once = f", {concurrency.ops_at_once} at once" if concurrency and concurrency.ops_at_once > 1 else ""
         status(f"building ops: {', '.join(plan.built_ops) or 'none'}{at_once} (log: {log_path})")
         out = staging / "wheel"
-        out.mkdir()
-        argv = wheel_command(plan.target_python, tree.path, out)
-        env = {**plan_env(plan, base_env), **build_time_env(plan, tree.path, staging, base_env)}
-        op_logs = OpLogs(log_path.with_suffix(".ops"))
-
-        def on_line(line: str) -> None:
-            op = op_logs.feed(line)
-            if progress:
-                progress.feed(line, op, tuple(op_logs.running))
-            if op_logs.failed:
-                raise _OpFailed(op_logs.failed)
-
         try:
-            result = run_streaming(argv, log_path=log_path, env=env, cwd=tree.path, on_line=on_line)
-        except _OpFailed as failed:
-            raise _op_error(op_logs, str(failed), log_path) from None
-        finally:
-            op_logs.close()
-        if not result.ok:
-            failed_op = op_logs.failed or (op_logs.last_op if op_logs.running else None)
-            if failed_op:
-                raise _op_error(op_logs, failed_op, log_path)
-            raise BuildError(f"building DeepSpeed failed (exit {result.returncode}): {_first_error(result.stdout)}",
-                             hint=f"full log: {log_path}")
+            _compile(plan, tree.path, staging, out, base_env=base_env, log_path=log_path, progress=progress)
+        except CompilerKilled as killed:
+            if concurrency is None or concurrency.processes <= 1:
+                raise killed.error from None
+            # Several builds on one host each planned for the memory free when they began; together they
+            # can exhaust it, and the kernel kills a compiler. One compile at a time needs the least.
+            log_path = log_path.with_name(f"{log_path.stem}-one-at-a-time.log")
+            status(f"{killed.error.message.removeprefix('building DeepSpeed failed in ')}: "
+                   f"building again one compile at a time (log: {log_path})")
+            try:
+                _compile(one_compile_at_a_time(plan), tree.path, staging, out, base_env=base_env,
+                         log_path=log_path, progress=progress)
+            except CompilerKilled as again:
+                raise again.error from None
         wheels = sorted(out.glob("deepspeed-*.whl"))
         if len(wheels) != 1:
             raise BuildError(f"the build produced {len(wheels)} DeepSpeed wheels", hint=f"full log: {log_path}")
         digest = sha256_of(wheels[0])
         (out / "build.json").write_text(json.dumps(
             {"source_commit": commit, "tree_hash": tree_hash, "plan": plan.to_dict(), "log": str(log_path),
-             "wheel_sha256": digest, "host": host_facts(find_cxx(env))}, indent=2))
+             "wheel_sha256": digest, "host": host_facts(find_cxx(plan_env(plan, base_env)))}, indent=2))
         final_dir.parent.mkdir(parents=True, exist_ok=True)
         if final_dir.exists() and (force or cached_wheel(cache, plan) is None):
             _discard(final_dir, staging)  # what --rebuild replaces, or an entry without a wheel
@@ -264,7 +257,83 @@ def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping
     return env
 
 
-def _op_error(op_logs: OpLogs, op: str, log_path: Path) -> BuildError:
+class CompilerKilled(Exception):
+    """A compiler of the build was killed (SIGKILL): on Linux, the kernel's OOM killer. Carries the error to
+    raise when no retry with less parallelism is left."""
+
+    def __init__(self, error: BuildError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+# What a compiler driver prints when its compiler proper dies of SIGKILL: gcc (cc1plus, and collect2 for
+# the linker) and clang. Measured in issue 28's load runs: the OOM killer took cc1plus from a cold build
+# running beside two others ('c++: fatal error: Killed signal terminated program cc1plus').
+_KILLED_RE = re.compile(r"Killed signal terminated program \S+|terminated with signal 9 \[Killed\]"
+                        r"|unable to execute command: Killed")
+
+
+def compiler_killed(log: Path) -> str | None:
+    """The line of an op's log that says its compiler was killed, if one does."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    match = _KILLED_RE.search(text)
+    if match is None:
+        return None
+    start = text.rfind("\n", 0, match.start()) + 1
+    end = text.find("\n", match.end())
+    return text[start:end if end >= 0 else None].strip()[:300]
+
+
+def one_compile_at_a_time(plan: BuildPlan) -> BuildPlan:
+    """The same build (the same wheel: concurrency is not part of the cache key) with one compiler process."""
+    env = {k: v for k, v in plan.env.items() if k != "HIPCC_COMPILE_FLAGS_APPEND"}
+    env["MAX_JOBS"] = "1"
+    return replace(plan, env=env, concurrency=BuildConcurrency(1, 1, 1, 1, "memory"))
+
+
+def _compile(plan: BuildPlan, tree: Path, staging: Path, out: Path, *, base_env: Mapping[str, str], log_path: Path,
+             progress: BuildProgress | None) -> None:
+    """Build the wheel of `tree` into `out` (emptied first); raise BuildError, or CompilerKilled when the op
+    that failed lost its compiler to SIGKILL. Objects already compiled in the tree are kept: a second call
+    compiles only what is missing."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    argv = wheel_command(plan.target_python, tree, out)
+    env = {**plan_env(plan, base_env), **build_time_env(plan, tree, staging, base_env)}
+    op_logs = OpLogs(log_path.with_suffix(".ops"))
+
+    def on_line(line: str) -> None:
+        op = op_logs.feed(line)
+        if progress:
+            progress.feed(line, op, tuple(op_logs.running))
+        if op_logs.failed:
+            raise _OpFailed(op_logs.failed)
+
+    try:
+        result = run_streaming(argv, log_path=log_path, env=env, cwd=tree, on_line=on_line)
+    except _OpFailed as failed:
+        raise _op_error(op_logs, str(failed), log_path) from None
+    finally:
+        op_logs.close()
+    if not result.ok:
+        failed_op = op_logs.failed or (op_logs.last_op if op_logs.running else None)
+        if failed_op:
+            raise _op_error(op_logs, failed_op, log_path)
+        raise BuildError(f"building DeepSpeed failed (exit {result.returncode}): {_first_error(result.stdout)}",
+                         hint=f"full log: {log_path}")
+
+
+def _op_error(op_logs: OpLogs, op: str, log_path: Path) -> BuildError | CompilerKilled:
+    killed = compiler_killed(op_logs.path(op))
+    if killed:
+        return CompilerKilled(BuildError(
+            f"building DeepSpeed failed in op {op}: its compiler was killed, most likely by the kernel for want "
+            f"of memory ({killed})",
+            hint=f"free memory (other builds, or swap) and run again, or --jobs 1; the op's log: "
+                 f"{op_logs.path(op)}"))
     first = op_logs.first_error(op) or "see its log"
     return BuildError(f"building DeepSpeed failed in op {op}: {first}",
                       hint=f"the op's log: {op_logs.path(op)}; full log: {log_path}")
