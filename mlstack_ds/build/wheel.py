@@ -315,6 +315,7 @@ def _compile(plan: BuildPlan, tree: Path, staging: Path, out: Path, *, base_env:
     try:
         result = run_streaming(argv, log_path=log_path, env=env, cwd=tree, on_line=on_line)
     except _OpFailed as failed:
+        op_logs.close()  # written out before _op_error reads the op's log
         raise _op_error(op_logs, str(failed), log_path) from None
     finally:
         op_logs.close()
