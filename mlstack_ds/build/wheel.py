@@ -177,17 +177,14 @@ def build_wheel(
             _compile(plan, tree.path, staging, out, base_env=base_env, log_path=log_path, progress=progress)
         except CompilerKilled as killed:
             if concurrency is None or concurrency.processes <= 1:
-                raise killed.error from None
+                raise
             # Several builds on one host each planned for the memory free when they began; together they
             # can exhaust it, and the kernel kills a compiler. One compile at a time needs the least.
             log_path = log_path.with_name(f"{log_path.stem}-one-at-a-time.log")
-            status(f"{killed.error.message.removeprefix('building DeepSpeed failed in ')}: "
+            status(f"{killed.message.removeprefix('building DeepSpeed failed in ')}: "
                    f"building again one compile at a time (log: {log_path})")
-            try:
-                _compile(one_compile_at_a_time(plan), tree.path, staging, out, base_env=base_env,
-                         log_path=log_path, progress=progress)
-            except CompilerKilled as again:
-                raise again.error from None
+            _compile(one_compile_at_a_time(plan), tree.path, staging, out, base_env=base_env, log_path=log_path,
+                     progress=progress)
         wheels = sorted(out.glob("deepspeed-*.whl"))
         if len(wheels) != 1:
             raise BuildError(f"the build produced {len(wheels)} DeepSpeed wheels", hint=f"full log: {log_path}")
@@ -257,13 +254,9 @@ def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping
     return env
 
 
-class CompilerKilled(Exception):
-    """A compiler of the build was killed (SIGKILL): on Linux, the kernel's OOM killer. Carries the error to
-    raise when no retry with less parallelism is left."""
-
-    def __init__(self, error: BuildError) -> None:
-        super().__init__(error.message)
-        self.error = error
+class CompilerKilled(BuildError):
+    """A compiler of the build was killed (SIGKILL): on Linux, the kernel's OOM killer. A build running
+    several compiles at once goes again with one; otherwise this is the error."""
 
 
 # What a compiler driver prints when its compiler proper dies of SIGKILL: gcc (cc1plus, and collect2 for
@@ -312,13 +305,15 @@ def _compile(plan: BuildPlan, tree: Path, staging: Path, out: Path, *, base_env:
         if op_logs.failed:
             raise _OpFailed(op_logs.failed)
 
+    stopped_by: str | None = None
     try:
         result = run_streaming(argv, log_path=log_path, env=env, cwd=tree, on_line=on_line)
     except _OpFailed as failed:
-        op_logs.close()  # written out before _op_error reads the op's log
-        raise _op_error(op_logs, str(failed), log_path) from None
+        stopped_by = str(failed)
     finally:
-        op_logs.close()
+        op_logs.close()  # written out before _op_error reads the failed op's log
+    if stopped_by is not None:
+        raise _op_error(op_logs, stopped_by, log_path)
     if not result.ok:
         failed_op = op_logs.failed or (op_logs.last_op if op_logs.running else None)
         if failed_op:
@@ -327,14 +322,14 @@ def _compile(plan: BuildPlan, tree: Path, staging: Path, out: Path, *, base_env:
                          hint=f"full log: {log_path}")
 
 
-def _op_error(op_logs: OpLogs, op: str, log_path: Path) -> BuildError | CompilerKilled:
+def _op_error(op_logs: OpLogs, op: str, log_path: Path) -> BuildError:
     killed = compiler_killed(op_logs.path(op))
     if killed:
-        return CompilerKilled(BuildError(
+        return CompilerKilled(
             f"building DeepSpeed failed in op {op}: its compiler was killed, most likely by the kernel for want "
             f"of memory ({killed})",
             hint=f"free memory (other builds, or swap) and run again, or --jobs 1; the op's log: "
-                 f"{op_logs.path(op)}"))
+                 f"{op_logs.path(op)}")
     first = op_logs.first_error(op) or "see its log"
     return BuildError(f"building DeepSpeed failed in op {op}: {first}",
                       hint=f"the op's log: {op_logs.path(op)}; full log: {log_path}")
