@@ -7,11 +7,18 @@ needs and its time-outs mean what they say; the build takes what is left. The te
 installed target are moved to the end of the run (tests/conftest.py), and the first of them waits for the
 install here. The second pin's install waits for the first to finish (two builds at once would only halve
 each other's cores) and overlaps the default pin's tests; its own tests run last.
+
+Both run on a thread while tests run, and tests change os.environ (monkeypatch: PIP_NO_INDEX and PIP_FIND_LINKS
+pointing pip at an empty mirror, in tests/integration/test_source_fetch.py). So each install takes a copy of the
+environment when it is made, at the start of the session, and its pip and its `mlstack-ds install` get that copy,
+never os.environ as it is at the moment they start: CI's run of 72dc275 made the second pin's venv during such a
+test and pip said "Cannot install torch==2.13.0 because these package versions have conflicting dependencies".
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -27,12 +34,15 @@ INSTALLED_NEXT_TARGET_FIXTURE = "installed_next_target"
 
 
 class BackgroundInstall:
-    """Make the target venv (torch pinned, plus the Hugging Face clients verify's hf_trainer check uses),
-    then run `mlstack-ds install --json` into it, on a daemon thread; `wait()` returns the result."""
+    """Make the target venv (`requirements`: torch pinned, plus the Hugging Face clients verify's hf_trainer check
+    uses), then run `mlstack-ds install --json` into it, on a daemon thread; `wait()` returns the result."""
 
     def __init__(self, venv: Path, cache: Path, install_args: tuple[str, ...] = (),
-                 after: BackgroundInstall | None = None) -> None:
+                 after: BackgroundInstall | None = None,
+                 requirements: tuple[str, ...] = (TORCH_PIN, *CLIENT_PACKAGES)) -> None:
         self.target = Target(venv, cache)
+        self._env = dict(os.environ)  # as it is now, not as a test running later may have changed it
+        self._requirements = requirements
         self._install_args = install_args
         self._after = after
         self._thread = threading.Thread(target=self._run, name="cold-install", daemon=True)
@@ -55,11 +65,12 @@ class BackgroundInstall:
                 self.started_at = time.monotonic()
                 if self._stopped.is_set():
                     return
-            make_venv(self.target.venv, TORCH_PIN, *CLIENT_PACKAGES)
+            make_venv(self.target.venv, *self._requirements, env=self._env)
             if self._stopped.is_set():
                 return
             self._proc = start_cli("install", "--python", self.target.python, "--cache-dir", self.target.cache,
-                                   *self._install_args, "--json", prefix=("nice", "-n", "10"), columns=200)
+                                   *self._install_args, "--json", prefix=("nice", "-n", "10"), columns=200,
+                                   base_env=self._env)
             out, err = self._proc.communicate()
             self._result = CliResult(self._proc.args, self._proc.returncode, out, err)
         except BaseException as exc:  # handed to the waiting test, which fails with it

@@ -137,11 +137,13 @@ def overlay_venv(path: Path, base_python: str | Path = sys.executable) -> Path:
     return path
 
 
-def make_venv(path: Path, *requirements: str) -> Path:
-    """A new venv at `path` with `requirements` installed (callers pin torch: see TORCH_PIN)."""
-    _run([sys.executable, "-m", "venv", str(path)])
+def make_venv(path: Path, *requirements: str, env: Mapping[str, str] | None = None) -> Path:
+    """A new venv at `path` with `requirements` installed (callers pin torch: see TORCH_PIN). `env` (default:
+    this process's environment when it runs) is pip's: a thread must pass its own, see support/cold_install.py."""
+    _run([sys.executable, "-m", "venv", str(path)], env)
     if requirements:
-        _run([str(path / "bin" / "python"), "-m", "pip", "install", "-q", *requirements])
+        # Not -q: pip's account of a failed resolution ("The conflict is caused by ...") is printed at info level.
+        _run([str(path / "bin" / "python"), "-m", "pip", "install", *requirements], env)
     return path
 
 
