@@ -69,11 +69,22 @@ def build_model(torch, *, vocab=VOCAB, d_model=D_MODEL, d_ff=D_FF, n_layers=N_LA
     return TinyLM()
 
 
-def global_batch(torch, world_size):
-    """The same seeded batch on every rank; rank r trains on rows [r*MICRO, (r+1)*MICRO)."""
+def global_batch(torch, world_size, device="cpu"):
+    """The same seeded batch on every rank, on `device`; rank r trains on rows [r*MICRO, (r+1)*MICRO).
+    Drawn on the CPU and then moved, so every platform trains on the same tokens."""
     gen = torch.Generator().manual_seed(4321)
     tokens = torch.randint(0, VOCAB, (world_size * MICRO_BATCH, SEQ + 1), generator=gen)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def paired_models(torch, device, seed):
+    """(model for the engine, its plain copy on `device`, the copy's AdamW). The engine's model is handed to
+    deepspeed.initialize where it was built, as users do: DeepSpeed places it (on the device, or partitioned,
+    or offloaded); the reference is placed here, beside the engine, so both compute on the same hardware."""
+    torch.manual_seed(seed)
+    model = build_model(torch)
+    reference = copy.deepcopy(model).to(device)
+    return model, reference, torch.optim.AdamW(reference.parameters(), **ADAM)
 
 
 def ds_config(stage, offload_optimizer=False, offload_param=False, precision=None):
@@ -102,16 +113,13 @@ class PairedRun:
     def __init__(self, ctx, config, seed=1234):
         torch, deepspeed = ctx.torch, ctx.deepspeed
         self.ctx, self.torch = ctx, torch
-        torch.manual_seed(seed)
-        model = build_model(torch)
-        self.reference = copy.deepcopy(model)
-        self.ref_optimizer = torch.optim.AdamW(self.reference.parameters(), **ADAM)
+        device = accelerator().current_device_name()
+        model, self.reference, self.ref_optimizer = paired_models(torch, device, seed)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=config)
-        x, y = global_batch(torch, ctx.world_size)
+        x, y = global_batch(torch, ctx.world_size, device)
         rows = slice(ctx.rank * MICRO_BATCH, (ctx.rank + 1) * MICRO_BATCH)
-        device = self.engine.device
-        self.local = (x[rows].to(device), y[rows].to(device))
+        self.local = (x[rows].to(self.engine.device), y[rows].to(self.engine.device))
         self.full = (x, y)
         self.losses, self.ref_losses = [], []
 

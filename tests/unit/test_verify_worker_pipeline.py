@@ -78,9 +78,12 @@ def test_other_type_errors_are_reported_as_they_are() -> None:
 def test_gradient_comparison_counts_differing_tensors() -> None:
     torch = pytest.importorskip("torch")
     plain = [torch.zeros(3), torch.ones(2)]
-    assert pipeline_checks.compare_gradients(plain, [torch.zeros(3), torch.ones(2)]) == (0.0, 0)
-    worst, differing = pipeline_checks.compare_gradients(plain, [torch.zeros(3), torch.tensor([1.0, 1.5])])
-    assert (worst, differing) == (0.5, 1)
+    assert pipeline_checks.compare_gradients(plain, [torch.zeros(3), torch.ones(2)]) == (0.0, 0.0, 0)
+    worst, relative, differing = pipeline_checks.compare_gradients(plain, [torch.zeros(3), torch.tensor([1.0, 1.5])])
+    assert (worst, relative, differing) == (0.5, 0.5, 1)
+    scaled = [torch.zeros(3), torch.full((2,), 200.0)]
+    worst, relative, _ = pipeline_checks.compare_gradients(scaled, [torch.zeros(3), torch.tensor([200.0, 200.02])])
+    assert worst == pytest.approx(0.02, rel=1e-3) and relative == pytest.approx(1e-4, rel=1e-3)  # judged relative
     assert pipeline_checks.compare_gradients(plain, [torch.zeros(3), None])[0] == float("inf")
 
 
