@@ -175,7 +175,10 @@ def _note(check: CheckResult) -> str:
         losses = details["losses"]
         return f"loss {losses[0]:.4f} -> {losses[-1]:.4f} (matches torch reference)"
     if "max_abs_diff" in details:
-        return f"max |Δ| vs torch {details['max_abs_diff']:.2g}"
+        ties = f", {details['tied_elements']} sign tie(s) left out" if details.get("tied_elements") else ""
+        return f"max |Δ| vs torch {details['max_abs_diff']:.2g}{ties}"
+    if "max_error_in_steps" in details:
+        return f"round trip within {details['max_error_in_steps']:.2g} quantization step(s)"
     if "ops" in details and isinstance(details["ops"], Mapping):
         return ", ".join(f"{n} {v['load_s'] * 1000:.0f} ms" for n, v in details["ops"].items())
     if "deepspeed" in details:

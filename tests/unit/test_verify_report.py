@@ -83,3 +83,15 @@ def test_caption_names_the_skipped_checks() -> None:
     console = Console(file=io.StringIO(), width=200)
     render_report(make_report("pass", "skip", "skip"), console)
     assert "1 passed, 0 failed, 2 skipped (c1, c2: each says why)" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_the_table_notes_what_the_op_checks_measured() -> None:
+    """fused_lion's ties and the quantizer's round trip are shown, not only 'pass' (issue 39)."""
+    checks = [CheckResult("fused_lion", "pass", "", 0.1, details={"max_abs_diff": 1.2e-7, "tied_elements": 2}),
+              CheckResult("quantizer", "pass", "", 0.1, details={"max_error_in_steps": 0.5})]
+    report = VerifyReport(python="py", world_size=1, checks=checks, launches=[], duration_s=1.0)
+    console = Console(file=io.StringIO(), width=200)
+    render_report(report, console)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "max |Δ| vs torch 1.2e-07, 2 sign tie(s) left out" in text
+    assert "round trip within 0.5 quantization step(s)" in text
