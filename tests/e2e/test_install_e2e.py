@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import readme_main_command, run_cli, run_wrapper, start_cli
-from support.e2e import FIRST_USE, Target, processes_mentioning
+from support.e2e import CPU_SKIPS, FIRST_USE, Target, processes_mentioning
 from support.fakepkg import guard_bin
 
 pytestmark = pytest.mark.slow
@@ -223,8 +223,8 @@ def test_torch_missing_is_refused_with_the_fix(bare_python: Path) -> None:
 
 
 
-# What verify cannot have on this platform whatever is installed: DeepSpeed has no CPU kernel for them.
-CPU_PLATFORM_SKIPS = {"fused_lamb", "fused_lion"}
+# What verify cannot have on this platform whatever is installed (support/e2e.py says why each).
+CPU_PLATFORM_SKIPS = CPU_SKIPS
 
 
 def verify_failures(stdout: str) -> object:
