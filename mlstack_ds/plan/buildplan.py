@@ -23,7 +23,12 @@ from mlstack_ds.detect.wheel_builder import fix_package
 from mlstack_ds.errors import EnvironmentProblem, UsageError
 from mlstack_ds.plan import buildspec
 from mlstack_ds.plan.buildjobs import BuildConcurrency, plan_concurrency
-from mlstack_ds.plan.targets import cuda_arch_list, refuse_targets_torch_lacks, select_rocm_targets
+from mlstack_ds.plan.targets import (
+    refuse_cuda_suffixes,
+    refuse_targets_torch_lacks,
+    select_cuda_targets,
+    select_rocm_targets,
+)
 
 PLAN_SCHEMA = 1
 # How many compiles run at once, and whether they go through ccache, change how fast the wheel is built,
@@ -33,6 +38,9 @@ CONCURRENCY_VARIABLES = frozenset({"MAX_JOBS", "DS_ENABLE_NINJA", "HIPCC_COMPILE
 # The patch that makes setuptools' parallel build_ext safe (one build directory per op); without it in
 # the series the ops build one after another.
 PARALLEL_OPS_PATCH = "setup-one-build-dir-per-op.patch"
+# The patch that teaches DeepSpeed's op builder the arch- and family-specific CUDA targets (`9.0a`, `10.0f`):
+# without it `compute_capability_args` reads the minor version with int() and every CUDA op fails to build.
+CUDA_ARCH_SUFFIX_PATCH = "op_builder-CUDA-arch-variant-suffixes.patch"
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,7 @@ class BuildPlan:
     torch_version: str
     cache_key: str
     notes: tuple[str, ...] = field(default_factory=tuple)
-    targets_source: str = ""  # ROCm: "flag" (--arch), "environment" (PYTORCH_ROCM_ARCH) or "detected"
+    targets_source: str = ""  # "flag" (--arch), "environment" (PYTORCH_ROCM_ARCH, TORCH_CUDA_ARCH_LIST), "detected"
     concurrency: BuildConcurrency | None = None  # compiles at once (buildjobs); None: one op at a time
     torch_hip: str | None = None  # the ROCm torch's HIP version: a wheel's ops are built against it
     torch_cuda: str | None = None
@@ -158,10 +166,13 @@ def make_plan(
             toolchain_problems.append(EnvironmentProblem("hipcc not found (needed to compile the ROCm ops)",
                                                          hint=hint_from(HIPCC_FIX)))
     elif platform == "cuda":
-        arch_list = cuda_arch_list(environment)
-        if arch_list:
-            env["TORCH_CUDA_ARCH_LIST"] = arch_list
-            archs = tuple(arch_list.split(";"))
+        cuda_targets = select_cuda_targets(environment)
+        archs, targets_source = cuda_targets.archs, cuda_targets.source
+        notes.extend(cuda_targets.notes)
+        if archs:
+            refuse_cuda_suffixes(archs, recipe.version, patched=options.patches and any(
+                p.name.endswith(CUDA_ARCH_SUFFIX_PATCH) for p in patches))
+            env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
         if not toolchain.nvcc:
             toolchain_problems.append(EnvironmentProblem(
                 "nvcc not found (needed to compile the CUDA ops)",

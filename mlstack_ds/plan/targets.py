@@ -3,7 +3,9 @@
 Why here and not in DeepSpeed's builder: upstream takes the first `gfx` line of rocminfo, so a build
 host with no GPU, an iGPU next to a dGPU, or several archs silently gets the wrong kernels.
 The order is `--arch`, then `PYTORCH_ROCM_ARCH` (what torch's own extension builder honours, and what a
-login node or a Docker build sets), then the detected GPUs; the plan says which one answered.
+login node or a Docker build sets), then the detected GPUs; the plan says which one answered. On CUDA the same
+with its twin `TORCH_CUDA_ARCH_LIST`, kept as the user spelled it (`9.0a`, `8.0+PTX`): the receipt records it
+and verify compares it with each GPU's capability (worker/gpu_targets.py).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from typing import Literal
 from mlstack_ds import gfx
 from mlstack_ds.detect.model import Environment, TorchInfo
 from mlstack_ds.errors import EnvironmentProblem, UsageError
+from mlstack_ds.worker.gpu_targets import coverage, parse_cuda_target
 
 TargetSource = Literal["flag", "environment", "detected"]
-TARGET_SOURCE_TEXT = {"flag": "--arch", "environment": "PYTORCH_ROCM_ARCH", "detected": "the detected GPUs",
-                      "index": "the index wheel's plan (covering this machine's)"}
+TARGET_SOURCE_TEXT = {"flag": "--arch", "environment": "PYTORCH_ROCM_ARCH / TORCH_CUDA_ARCH_LIST",
+                      "detected": "the detected GPUs", "index": "the index wheel's plan (covering this machine's)"}
+CUDA_ARCH_VARIABLE = "TORCH_CUDA_ARCH_LIST"
+CUDA_ARCH_EXAMPLE = "e.g. 9.0, or 8.0;9.0a;10.0+PTX"
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,92 @@ def refuse_targets_torch_lacks(archs: tuple[str, ...], torch: TorchInfo) -> str 
     return None
 
 
+def target_source_text(source: str, platform: str) -> str:
+    """Where a plan's targets came from, in words: the environment variable of its own platform."""
+    if source == "environment":
+        return CUDA_ARCH_VARIABLE if platform == "cuda" else "PYTORCH_ROCM_ARCH"
+    return TARGET_SOURCE_TEXT.get(source, source)
+
+
+@dataclass(frozen=True)
+class CudaTargets:
+    archs: tuple[str, ...]  # as the user spelled them (`9.0a`, `8.0+PTX`); empty: DeepSpeed's own defaults
+    notes: tuple[str, ...]
+    source: str = "detected"  # "environment", "detected", or "" when no target is named (DeepSpeed's defaults)
+
+
 def cuda_arch_list(environment: Environment) -> str | None:
     """TORCH_CUDA_ARCH_LIST from the detected NVIDIA GPUs (`8.0;9.0`), None when none is visible."""
     caps = sorted({g.target_id for g in environment.gpus if g.vendor == "nvidia" and g.target_id})
     return ";".join(caps) or None
+
+
+def parse_cuda_arch_list(value: str) -> tuple[str, ...]:
+    """`8.0;9.0a 10.0+PTX` (';' or spaces, as torch and DeepSpeed split it) -> validated, de-duplicated targets.
+    Refused: torch's names (`Hopper`, `native`), which DeepSpeed's op builder cannot read, and suffixes no GPU has."""
+    shown = f"{CUDA_ARCH_VARIABLE}={value!r}"
+    archs: list[str] = []
+    for token in value.replace(";", " ").split():
+        problem = _cuda_token_problem(token)
+        if problem:
+            fixed = value.replace(",", ";") if "," in token else None
+            raise UsageError(f"{shown}: {token!r} {problem}",
+                             hint=f"export {CUDA_ARCH_VARIABLE}=\"{fixed}\"" if fixed else
+                             f"name compute capabilities, {CUDA_ARCH_EXAMPLE}; or unset {CUDA_ARCH_VARIABLE} to "
+                             "build for the detected GPUs")
+        if token not in archs:
+            archs.append(token)
+    if not archs:
+        raise UsageError(f"{shown}: no GPU target given",
+                         hint=f"{CUDA_ARCH_EXAMPLE}; or unset {CUDA_ARCH_VARIABLE} to build for the detected GPUs")
+    return tuple(archs)
+
+
+def _cuda_token_problem(token: str) -> str | None:
+    """Why one TORCH_CUDA_ARCH_LIST entry cannot be built, or None."""
+    target = parse_cuda_target(token)
+    if target is None:
+        if "," in token:
+            return "holds a comma: torch and DeepSpeed split the list at ';' or spaces only"
+        if token[:1].isalpha():
+            return "is a name: DeepSpeed's op builder reads compute capabilities (X.Y) only"
+        return "is not a compute capability (X.Y, X.Ya or X.Yf, optionally with +PTX)"
+    if target.kind == "a" and target.major < 9:
+        return "asks for arch-specific code, which GPUs have from compute capability 9.0 (Hopper) on"
+    if target.kind == "f" and target.major < 10:
+        return "asks for family-specific code, which GPUs have from compute capability 10.0 (Blackwell) on"
+    return None
+
+
+def select_cuda_targets(environment: Environment) -> CudaTargets:
+    """`TORCH_CUDA_ARCH_LIST` from the user's environment, else the detected GPUs' capabilities, else none
+    (DeepSpeed's defaults); a note for each detected GPU the user's list leaves out or reaches only by PTX."""
+    value = (environment.env.get(CUDA_ARCH_VARIABLE) or "").strip()
+    detected = cuda_arch_list(environment)
+    if not value:
+        return CudaTargets(tuple(detected.split(";")), (), "detected") if detected else CudaTargets((), (), "")
+    archs = parse_cuda_arch_list(value)
+    notes = []
+    for cap, how in coverage(archs, detected.split(";") if detected else ()).items():
+        names = ", ".join(sorted({g.name for g in environment.gpus if g.vendor == "nvidia" and g.target_id == cap}))
+        if how is None:
+            notes.append(f"{CUDA_ARCH_VARIABLE}={value} leaves out the detected {cap} ({names}): DeepSpeed's "
+                         "ops built now would not load on it")
+        elif "PTX" in how:
+            notes.append(f"{CUDA_ARCH_VARIABLE}={value} reaches the detected {cap} ({names}) only through {how}")
+    return CudaTargets(archs, tuple(notes), "environment")
+
+
+def refuse_cuda_suffixes(archs: tuple[str, ...], version: str, *, patched: bool) -> None:
+    """Refuse `9.0a`/`10.0f` targets DeepSpeed's own builder cannot read unless the patch series teaches it:
+    `compute_capability_args` takes the minor version with int(), so '0a' raises and every CUDA op fails to
+    build (deepspeedai/DeepSpeed#8619). The plain capability builds code that runs on the same GPUs."""
+    suffixed = [a for a in archs if (t := parse_cuda_target(a)) is not None and t.kind]
+    if not suffixed or patched:
+        return
+    plain = [f"{t.major}.{t.minor}{'+PTX' if t.ptx else ''}" for t in map(parse_cuda_target, archs) if t]
+    raise UsageError(
+        f"{CUDA_ARCH_VARIABLE} names {', '.join(suffixed)}: DeepSpeed {version}'s op builder cannot build arch- "
+        "or family-specific CUDA targets (it reads the minor version as a number)",
+        hint=f'export {CUDA_ARCH_VARIABLE}="{";".join(dict.fromkeys(plain))}" for this install: code for the '
+        "plain capability runs on the same GPUs")

@@ -7,6 +7,7 @@ import sys
 import time
 
 from .context import accelerator
+from .gpu_targets import UNKNOWN, coverage, device_targets
 from .protocol import Check, CheckFailed, JitBuildRefused
 
 
@@ -44,10 +45,7 @@ def check_environment(ctx):
         if str(receipt.get("deepspeed_version", "")).split("+")[0] != installed:
             problems.append(f"installed DeepSpeed {deepspeed.__version__} is not the receipt's "
                             f"{receipt.get('deepspeed_version')}")
-        missing_archs = sorted(set(details["archs"]) - set(receipt.get("archs") or []))
-        if details["archs"] and missing_archs:
-            problems.append(f"GPU arch(s) {', '.join(missing_archs)} present but not built for "
-                            f"(receipt archs: {receipt.get('archs')})")
+        problems.extend(compare_archs(details, [str(a) for a in receipt.get("archs") or []]))
     elif acc._name != git_version_info.accelerator_name:
         problems.append(f"accelerator is {acc._name!r} but DeepSpeed was built for "
                         f"{git_version_info.accelerator_name!r}")
@@ -61,14 +59,27 @@ def check_environment(ctx):
 
 
 def device_archs(torch, acc):
-    if acc._name != "cuda" or not torch.cuda.is_available():
+    """What each GPU is (`gfx90a:sramecc+:xnack-` on ROCm, `9.0` on CUDA): the terms the receipt's targets use."""
+    if acc._name != "cuda":
         return []
-    archs = []
-    for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
-        arch = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
-        archs.append(arch.split(":")[0])
-    return archs
+    return device_targets(torch)
+
+
+def compare_archs(details, built):
+    """Record in `details` how the built targets run on each GPU; the problems, one per GPU target left out.
+    Targets against targets (gpu_targets), never a device's name: a CUDA torch puts the name in gcnArchName."""
+    devices = [target for target in details["archs"] if target != UNKNOWN]
+    details["built_archs"] = built
+    if not details["archs"]:
+        return []
+    if not built:
+        details["arch_note"] = "the receipt names no GPU targets (the build's defaults): not compared"
+        return []
+    if len(devices) < len(details["archs"]):
+        details["arch_note"] = "torch does not report the target of some GPUs (no gcnArchName): not compared"
+    details["arch_coverage"] = ways = coverage(built, devices)
+    return [f"GPU target {device} has no code in this install (built for {', '.join(built)})"
+            for device, how in ways.items() if how is None]
 
 
 def expected_ops(ctx):
