@@ -27,7 +27,7 @@ def test_next_series_applies_to_its_sdist_with_no_offset_or_fuzz(next_pristine_t
     shutil.copytree(next_pristine_tree, tree, symlinks=True)
     series = series_for_recipe(find_recipe("deepspeed-0.19.8"))
     assert [p.name[:4] for p in series.patches] == ["0010", "0011", "0012", "0013", "0014", "0015", "0016",
-                                                     "0017", "0018", "0019", "0020", "0021"]
+                                                     "0017", "0018", "0019", "0020", "0021", "0022"]
     for patch in series.patches:
         result = subprocess.run(["git", "apply", "--verbose", str(patch.path)], cwd=tree, capture_output=True,
                                 text=True, check=False)
@@ -40,3 +40,4 @@ def test_next_series_applies_to_its_sdist_with_no_offset_or_fuzz(next_pristine_t
     assert "self.amd_config = get_amd_config(param_dict)" in (fresh / "deepspeed/runtime/config.py").read_text()
     assert "def set_rocm_arch_env" in (fresh / "deepspeed/ops/op_builder/builder.py").read_text()
     assert "def rocm_tool_paths" in (fresh / "deepspeed/ops/op_builder/builder.py").read_text()
+    assert "def split_compute_capability" in (fresh / "deepspeed/ops/op_builder/builder.py").read_text()
