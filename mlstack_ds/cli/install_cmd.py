@@ -47,7 +47,7 @@ from mlstack_ds.installed.journal import unfinished_change
 from mlstack_ds.installed.receipt import read_receipt, receipt_path
 from mlstack_ds.plan.buildjobs import BuildConcurrency
 from mlstack_ds.plan.buildplan import BuildPlan
-from mlstack_ds.plan.targets import TARGET_SOURCE_TEXT
+from mlstack_ds.plan.targets import target_source_text
 from mlstack_ds.source.checkout import short_pin
 from mlstack_ds.verify.report import VerifyReport, render_report
 
@@ -356,8 +356,9 @@ def render_plan(plan: BuildPlan, output: Output, console: Console) -> None:
         ("platform", f"{plan.platform} (DS_ACCELERATOR={plan.accelerator})"),
     ]
     if plan.archs:
-        head.append(("targets", ", ".join(plan.archs) + (f" (wave{plan.wavefront})" if plan.wavefront else "")
-                     + (f", from {TARGET_SOURCE_TEXT[plan.targets_source]}" if plan.targets_source else "")))
+        source = f", from {target_source_text(plan.targets_source, plan.platform)}" if plan.targets_source else ""
+        wave = f" (wave{plan.wavefront})" if plan.wavefront else ""
+        head.append(("targets", ", ".join(plan.archs) + wave + source))
     head += [
         ("python", f"{plan.target_python} (torch {plan.torch_version})"),
         ("cache key", plan.cache_key),
