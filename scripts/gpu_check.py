@@ -76,6 +76,17 @@ print(json.dumps(out))
 """
 
 
+# After the clients step's install: their versions, and what pip check says of the environment (printed
+# only: an image's torch can list requirements it does not hold, which is the image's business).
+CLIENTS_PROBE = r"""
+import subprocess, sys
+import accelerate, transformers
+print(f"transformers {transformers.__version__}, accelerate {accelerate.__version__}")
+check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+print(f"pip check (exit {check.returncode}):\n{check.stdout[-3000:]}{check.stderr[-1000:]}")
+"""
+
+
 class UsageProblem(Exception):
     """A bad command line: one `error:` line, one `hint:` line, exit 2."""
 
@@ -470,8 +481,21 @@ def wheel_names(wheels: Path) -> tuple[Path, list[str]]:
     if not tools:
         raise UsageProblem(f"no mlstack_ds-*.whl in {wheels}", f"fill it on a networked machine: scripts/gpu_wheels.sh "
                            f"{wheels}")
-    names = sorted({p.name.split("-")[0] for p in wheels.glob("*.whl")} - {"mlstack_ds", "deepspeed"})
+    names = sorted({p.name.split("-")[0] for p in wheels.glob("*.whl")} - {"mlstack_ds", "deepspeed"}
+                   - set(client_names()))
     return tools[-1], names
+
+
+def client_pins() -> list[str]:
+    """requirements/clients.txt's pins (transformers, accelerate)."""
+    lines = (REPO / "requirements" / "clients.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def client_names() -> list[str]:
+    """The wheel names the clients step installs (and the tool step leaves alone): the pinned clients and
+    `regex`, which gpu_wheels.sh adds for transformers."""
+    return [re.split(r"[=<>!~ ]", pin, maxsplit=1)[0].replace("-", "_") for pin in client_pins()] + ["regex"]
 
 
 def split_file(source: Path, out: Path, *, part_bytes: int = PART_BYTES, max_parts: int) -> list[str]:
@@ -690,17 +714,23 @@ class Run:
                          f"({', '.join(stale[:5])}): rebuild it with scripts/gpu_wheels.sh")
 
     def install_clients(self, tool_ok: bool) -> None:
-        """The client libraries verify's hf_trainer runs, at the project's pins (requirements/clients.txt), with
-        the machine's torch held: what the README's main command does with --with-clients. An image's own
-        transformers may be one a DeepSpeed release breaks (issue 40: 5.17 with 0.19.5)."""
+        """The client libraries verify's hf_trainer runs, at the project's pins (requirements/clients.txt): what
+        the README's main command does with --with-clients. An image's own transformers may be one a DeepSpeed
+        release breaks (issue 40: 5.17 with 0.19.5). Installed without their requirements, which a GPU image
+        holds: on the H100 image pip's resolver rejected the image's own torch as soon as accelerate (torch>=2.0)
+        had to be resolved, even with a constraint naming that torch (ResolutionImpossible); `pip check`'s view
+        of the environment goes into the log."""
         step = self.step("clients", "clients (requirements/clients.txt)")
         if not tool_ok:
             self.skip(step, "the tool did not install")
             return
-        pip = [self.options.python, "-m", "pip", "install", "-c", str(self.work / "constraints.txt")]
-        self.exec(step, [*pip, "-r", str(REPO / "requirements" / "clients.txt")])
-        lines = (REPO / "requirements" / "clients.txt").read_text().splitlines()
-        step.summary = {"pins": [line.strip() for line in lines if line.strip() and not line.startswith("#")]}
+        python = self.options.python
+        pins = client_pins()
+        self.exec(step, [python, "-m", "pip", "install", "--no-deps", *pins],
+                  [python, "-c", CLIENTS_PROBE])
+        step.summary = {"pins": pins}
+        if step.passed:
+            step.reason = "installed " + ", ".join(pins)
 
     def install_deepspeed(self, tool_ok: bool) -> Step:
         options = self.options
