@@ -61,9 +61,13 @@ def test_the_references_agree_on_the_gpu_and_the_cpu(name: str) -> None:
 
 
 def fused(deepspeed, op: str, module: str, cls: str):
+    """The optimizer class, or a skip when its op was not built ahead of time (its module is the builder's
+    absolute_name(), e.g. deepspeed.ops.lamb.fused_lamb_op, as verify's prebuilt_ops reads it)."""
     from deepspeed.git_version_info import installed_ops
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
 
-    if not installed_ops.get(op) or importlib.util.find_spec(f"deepspeed.ops.{op}_op") is None:
+    builder = ALL_OPS.get(op)
+    if not installed_ops.get(op) or builder is None or importlib.util.find_spec(builder.absolute_name()) is None:
         pytest.skip(f"{op} is not prebuilt in this DeepSpeed {deepspeed.__version__}")
     return getattr(importlib.import_module(module), cls)
 
