@@ -98,7 +98,9 @@ def init_distributed(ctx, timeout_s):
     timeout = timedelta(seconds=timeout_s + 30)
     try:
         if ctx.deepspeed is not None:
+            set_local_size(os.environ)
             ctx.deepspeed.init_distributed(timeout=timeout)
+            release_shm_workspace(ctx)
         elif ctx.torch is not None:
             ctx.torch.distributed.init_process_group("gloo", timeout=timeout)
         else:
@@ -109,3 +111,31 @@ def init_distributed(ctx, timeout_s):
             accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank
     except Exception as exc:
         ctx.dist_error = f"{type(exc).__name__}: {exc}"
+
+
+def set_local_size(env):
+    """LOCAL_SIZE as DeepSpeed's own launcher sets it (ranks on this node), from torchrun's LOCAL_WORLD_SIZE.
+
+    DeepSpeed's CPU shared-memory all-reduce initialises only when LOCAL_SIZE equals the world size, and
+    0.19.x's inference_all_reduce then uses it; launched by torchrun (no LOCAL_SIZE) it dereferences the
+    workspace it never made and the rank dies of SIGSEGV. The ranks run as a `deepspeed`-launched job would."""
+    if "LOCAL_SIZE" not in env and env.get("LOCAL_WORLD_SIZE"):
+        env["LOCAL_SIZE"] = env["LOCAL_WORLD_SIZE"]
+
+
+def release_shm_workspace(ctx):
+    """Unlink this rank's /dev/shm all-reduce workspace once every rank has mapped every other's.
+
+    DeepSpeed creates one 66 MiB file per rank, named by MASTER_PORT, and never removes it: each launch would
+    leave its files in /dev/shm for good. The mappings live on until the ranks exit."""
+    from deepspeed.comm import comm as ds_comm  # noqa: PLC0415
+
+    from .comm_checks import shm_workspace_file  # noqa: PLC0415
+
+    dist = ctx.torch.distributed
+    # The same answer on every rank (the op loaded, LOCAL_SIZE == world: what shm_initialize itself asks), so
+    # they all take the barrier or none does.
+    if getattr(ds_comm.cdb, "shm_comm_op", None) is None or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
+        return
+    dist.barrier()  # every rank is past shm_initialize, which opens the others' files
+    shm_workspace_file(dist.get_rank()).unlink(missing_ok=True)

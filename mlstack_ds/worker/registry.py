@@ -6,10 +6,20 @@ place: its function and its `Check` row in the family module. A new family is on
 
 from __future__ import annotations
 
-from . import config_checks, env_checks, hf_checks, kernel_checks, optimizer_checks, pipeline_checks, zero_checks
+from . import (
+    comm_checks,
+    config_checks,
+    env_checks,
+    hf_checks,
+    kernel_checks,
+    optimizer_checks,
+    pipeline_checks,
+    zero_checks,
+)
 from .protocol import Check
 
-FAMILIES = (env_checks, optimizer_checks, kernel_checks, zero_checks, pipeline_checks, hf_checks, config_checks)
+FAMILIES = (env_checks, optimizer_checks, kernel_checks, comm_checks, zero_checks, pipeline_checks, hf_checks,
+            config_checks)
 
 
 def all_checks() -> tuple[Check, ...]:

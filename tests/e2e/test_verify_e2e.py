@@ -119,6 +119,25 @@ def test_hf_trainers_leave_nothing_behind_for_later_checks(target_venv, tmp_path
         assert [(r["check"], r["status"]) for r in results] == [(name, "pass") for name in order], results
 
 
+def test_shm_all_reduce_is_exact_and_leaves_no_shm_files(target_venv, tmp_path: Path) -> None:
+    """`shm_comm` under torchrun (which sets no LOCAL_SIZE) runs DeepSpeed's shared-memory all-reduce, bitwise,
+    and the 66 MiB /dev/shm workspace DeepSpeed makes per rank and never removes is gone after the launch."""
+    staged = launcher.stage_worker(tmp_path / "code")
+    run_id, port = launcher.new_run_id(), launcher.free_port()
+    argv = launcher.torchrun_argv(target_venv.python, 2, port,
+                                launcher.worker_args(["shm_comm"], tmp_path / "out", 600, run_id))
+    outcome = launcher.run_launch(argv, timeout_s=600, run_id=run_id,
+                                env=launcher.worker_env({**os.environ, "DS_ACCELERATOR": "cpu"}, staged))
+    assert outcome.returncode == 0, outcome.log_tail
+    for rank in (0, 1):
+        lines = (tmp_path / "out" / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines()
+        result = next(json.loads(line) for line in lines if '"event": "result"' in line)
+        assert result["status"] == "pass", result
+        assert result["details"]["cases"] == 9 and result["details"]["comparison"] == "bitwise (exact sums)"
+    left = sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
+    assert not left, f"DeepSpeed's shm workspaces left behind: {left}"
+
+
 def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: Path) -> None:
     proc, report = run_verify(torch_only_python, "--only", "environment,prebuilt_ops,zero1",
                               "--timeout", "120")
