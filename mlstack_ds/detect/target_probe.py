@@ -56,10 +56,14 @@ TORCH_MARKER = "MLSTACK_TARGET_TORCH:"
 PROBE_STALL_S = 60.0
 PROBE_CEILING_S = 900.0
 
+# The libraries users train DeepSpeed through, whose versions decide whether a known DeepSpeed/client
+# incompatibility applies (doctor's client rules, verify's report). Read from metadata: nothing is imported.
+CLIENT_PACKAGES = ("transformers", "accelerate", "peft", "lightning", "pytorch-lightning")
+
 PROBE_SCRIPT = r"""
 import importlib.util, json, platform, sys, sysconfig
 from importlib import metadata
-""" + RECORD_LOCATOR + r"""
+""" + f"CLIENT_PACKAGES = {CLIENT_PACKAGES!r}\n" + RECORD_LOCATOR + r"""
 def _mlstack_rocm_sdk(names):
     # TheRock's ROCm wheels, found without importing torch; package names carry a nonce, so globbed.
     import glob, os
@@ -134,6 +138,7 @@ base["nvidia"] = sorted(n for n in names if n.startswith("nvidia-"))
 base["python"]["setuptools"] = _version("setuptools")
 base["python"]["wheel_package"] = "wheel" in names
 base["rocm_sdk"] = _mlstack_rocm_sdk(names)
+base["clients"] = {n: _version(n) for n in CLIENT_PACKAGES if _version(n)}
 print("MLSTACK_TARGET_BASE:" + json.dumps(base), flush=True)
 if sys.argv[1:] == ["quick"]:
     sys.exit(0)
@@ -185,6 +190,7 @@ class TargetFacts:
     torch_version: str | None = None  # torch's distribution version (metadata: no import)
     nvidia_packages: tuple[str, ...] = ()
     rocm_wheels: RocmWheels | None = None  # TheRock's ROCm wheels (rocm_sdk) in the target
+    clients: tuple[tuple[str, str], ...] = ()  # (distribution, version) of the CLIENT_PACKAGES installed
     torch_probed: bool = False  # the second line arrived (torch imported, or known to be absent)
     torch: TorchInfo | None = None  # None: not installed, not importable, hung, or not asked (quick)
     torch_error: str | None = None
@@ -240,6 +246,7 @@ def _parse_base(data: dict[str, Any]) -> TargetFacts:
         torch_version=data.get("torch_version") or None,
         nvidia_packages=tuple(str(n) for n in data.get("nvidia") or ()),
         rocm_wheels=_parse_rocm_sdk(data.get("rocm_sdk")),
+        clients=tuple(sorted((str(name), str(version)) for name, version in (data.get("clients") or {}).items())),
     )
 
 

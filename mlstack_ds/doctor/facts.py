@@ -54,6 +54,8 @@ class SystemFacts:
     python_headers: bool = False
     target_prefix: str | None = None
     nvidia_packages: tuple[str, ...] = ()
+    clients: tuple[tuple[str, str], ...] = ()  # the target's transformers/accelerate/peft/lightning versions
+    receipt_patches: tuple[str, ...] = ()  # the patch files the receipt says DeepSpeed was built with
     libaio_headers: bool = False
     ds_build: DeepSpeedBuild | None = None
     receipt_path: str | None = None
@@ -122,6 +124,8 @@ def collect_facts(
         python_headers=headers,
         target_prefix=prefix,
         nvidia_packages=target.nvidia_packages,
+        clients=target.clients,
+        receipt_patches=receipt_patches(prefix),
         libaio_headers=has_libaio_headers(environ, root),
         cxx=find_cxx(environ),
         cxx_variable=environ.get("CXX") or None,
@@ -165,6 +169,17 @@ def install_damage(env: Environment, target: TargetFacts, ds_build: DeepSpeedBui
         record=target.deepspeed_record,
     )
     return check_health(receipt, state).problems
+
+
+def receipt_patches(prefix: str | None) -> tuple[str, ...]:
+    """The patches the receipt lists; none without a readable receipt (its damage is `install_damage`'s)."""
+    if not prefix:
+        return ()
+    try:
+        receipt = read_receipt(prefix)
+    except ReceiptError:
+        return ()
+    return tuple(p["name"] for p in receipt.patches) if receipt else ()
 
 
 _TARGET_VERSION_RE = re.compile(r"^gfx_target_version\s+(\d+)\s*$", re.MULTILINE)

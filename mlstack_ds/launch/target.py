@@ -25,6 +25,8 @@ class TargetProbe:
     torch_version: str | None
     gpus: int
     error: str
+    deepspeed_version: str | None = None
+    clients: tuple[tuple[str, str], ...] = ()  # transformers, accelerate, ...: what the checks ran with
 
 
 def probe_target(python: Path, known: TargetFacts | None = None) -> TargetProbe:
@@ -33,7 +35,8 @@ def probe_target(python: Path, known: TargetFacts | None = None) -> TargetProbe:
     facts = known if known is not None and known.torch_probed else target_probe.probe_target(python)
     if facts.torch is None:
         return TargetProbe(None, 0, facts.torch_error or facts.problem or "")
-    return TargetProbe(facts.torch.version, facts.torch.device_count, "")
+    return TargetProbe(facts.torch.version, facts.torch.device_count, "",
+                       facts.deepspeed.version if facts.deepspeed else None, facts.clients)
 
 
 def require_torch(python: Path, known: TargetFacts | None = None) -> TargetProbe:

@@ -8,13 +8,14 @@ every rank skipped it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from rich.console import Console
 from rich.text import Text
 
 from mlstack_ds.console import print_records
+from mlstack_ds.detect.client_pairs import BadPair, known_cause
 
 Status = Literal["pass", "fail", "skip"]
 
@@ -51,6 +52,7 @@ class VerifyReport:
     checks: tuple[CheckResult, ...]
     launches: tuple[LaunchRecord, ...]
     duration_s: float
+    clients: Mapping[str, str] = field(default_factory=dict)  # transformers, accelerate, ... the checks ran with
 
     @property
     def ok(self) -> bool:
@@ -163,10 +165,21 @@ def _node_checks(node: Mapping[str, Any]) -> Text:
 def _caption(report: VerifyReport) -> str:
     counts = report.counts()
     skipped = [c.name for c in report.checks if c.status == "skip"]
+    clients = ", ".join(f"{name} {version}" for name, version in report.clients.items())
     return (f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"
             f"{' (' + ', '.join(skipped) + ': each says why)' if skipped else ''} in "
             f"{report.duration_s:.1f} s over {len(report.launches)} launch(es); peak memory is the "
-            "accelerator's (n/a on CPU)")
+            f"accelerator's (n/a on CPU){'; clients: ' + clients if clients else ''}")
+
+
+def with_known_cause(result: CheckResult, pairs: Sequence[BadPair]) -> CheckResult:
+    """A failure whose reason carries the error text of a known bad client/DeepSpeed pair, with that pair's
+    doctor rule and first fix appended: the user reads the cause where the failure is."""
+    pair = known_cause(result.reason, pairs) if result.status == "fail" else None
+    if pair is None:
+        return result
+    fix = pair.fix[0].split("#", 1)[0].strip()
+    return replace(result, reason=f"{result.reason} [known cause {pair.id}: {pair.title}; fix: {fix}]")
 
 
 def _note(check: CheckResult) -> str:

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.cluster import hostfile, slurm
+from mlstack_ds.detect.client_pairs import known_bad_pairs
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import Interrupted, UsageError
 from mlstack_ds.launch import launcher, target
 from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers, progress_visible
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
-from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check
+from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check, with_known_cause
 
 DEFAULT_TIMEOUT_S = 300.0
 CONFIG_CHECK = "config"  # opt-in: runs with `--config FILE` (and only it, unless --only names more)
@@ -102,7 +103,9 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
                 details={"checks": [asdict(r) for r in done]}) from None
         results += group_results
         launches.append(record)
-    return VerifyReport(str(python), world_size, tuple(results), tuple(launches), time.monotonic() - started)
+    pairs = known_bad_pairs()
+    return VerifyReport(str(python), world_size, tuple(with_known_cause(r, pairs) for r in results), tuple(launches),
+                        time.monotonic() - started, clients=dict(probe.clients))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ CUDA_TORCH = TorchInfo("2.7.0+cu128", hip=None, cuda="12.8", arch_list=["sm_90"]
 CPU_TORCH = TorchInfo("2.13.0+cpu", hip=None, cuda=None, arch_list=[], device_count=0, devices=[])
 NO_AMD = healthy_facts(kfd_exists=False, kfd_accessible=False, kfd_native_archs=())
 SITE = "/venv/lib/python3.11/site-packages"
+WARMUP_PATCH = "0023-lr_schedules-accept-warmup_num_steps-0-again.patch"
 
 
 def ds(version: str = "0.19.5") -> DeepSpeedInfo:
@@ -152,6 +153,8 @@ TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
     "MLS-DS-006": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(
         ds_build=ds_build(), install_damage=("installed files changed: 1 missing (deepspeed/ops/adam/"
                                              "cpu_adam_op.so) of the 1500 files listed in /r/RECORD",))),
+    "MLS-DS-101": lambda: make_input(make_env(deepspeed=ds("0.19.5")), healthy_facts(
+        ds_build=ds_build(), clients=(("accelerate", "1.15.0"), ("transformers", "5.17.0")))),
     "MLS-SYS-001": lambda: make_input(facts=healthy_facts(shm_bytes=64 * 1024**2)),
     "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**2)),
     "MLS-SYS-003": lambda: shm_segments((), ()),
@@ -208,6 +211,8 @@ SILENT: dict[str, Callable[[], DoctorInput]] = {
     "MLS-DS-005": lambda: make_input(make_env(gpus_from(MI210X4), deepspeed=ds("0.14.0")),
                                      healthy_facts(ds_build=ds_build())),  # wave64
     "MLS-DS-006": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
+    "MLS-DS-101": lambda: make_input(make_env(deepspeed=ds("0.19.5")), healthy_facts(  # built with our patch
+        ds_build=ds_build(), clients=(("transformers", "5.17.0"),), receipt_patches=(WARMUP_PATCH,))),
     "MLS-SYS-001": make_input,
     "MLS-SYS-002": lambda: make_input(facts=healthy_facts(memlock_soft_bytes=8 * 1024**3)),
     "MLS-SYS-003": lambda: shm_segments((4242,), (4243,)),  # a job running

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mlstack_ds.doctor.model import RULE_ID_RE, Rule
 from mlstack_ds.doctor.rules import (
     build_rules,
+    client_rules,
     cluster_rules,
     deepspeed_rules,
     device_rules,
@@ -41,6 +42,7 @@ RULES: tuple[Rule, ...] = _registry(
     build_rules.RULES,
     jit_rules.RULES,
     deepspeed_rules.RULES,
+    client_rules.RULES,
     system_rules.RULES,
     launch_rules.RULES,
     log_rules.RULES,
