@@ -55,6 +55,7 @@ LOG_CASES: dict[str, str] = {
     "gloo-loopback-127.0.1.1_captured-two-hosts-etc-hosts-line.txt": "MLS-NET-004",
     "cannot-find-lamdhip64_aiter-3264.txt": "MLS-LOG-012",
     "hipblas-header-missing_pytorch-196503.txt": "MLS-LOG-013",
+    "warmup-num-steps-zero_captured-warmuplr-config.txt": "MLS-DS-101",
 }
 # Whole logs captured on this machine (SOURCES.md): the first line the rule must quote, when not line 1.
 FIRST_MATCH: dict[str, int] = {
@@ -67,6 +68,7 @@ FIRST_MATCH: dict[str, int] = {
     "aio-undefined-io_submit_captured-nvme-offload-prebuilt-without-libaio.txt": 51,
     "gloo-loopback-fallback_captured-two-hosts-hostname-unresolved.txt": 2,
     "gloo-loopback-127.0.1.1_captured-two-hosts-etc-hosts-line.txt": 20,
+    "warmup-num-steps-zero_captured-warmuplr-config.txt": 19,
 }
 # Rules whose texts come from the real ds_report capture rather than from a quote file.
 FROM_DS_REPORT = {"MLS-BUILD-005", "MLS-LOG-004", "MLS-DS-001"}
