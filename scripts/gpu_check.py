@@ -811,7 +811,7 @@ class Run:
         env = dict(self.env)
         if not installed.passed:
             env[NO_DEEPSPEED_ENV] = f"DeepSpeed did not install ({installed.reason or installed.verdict})"
-        stdout = self.exec(step, [self.options.python, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs",
+        stdout = self.exec(step, [self.options.python, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rsP",
                                   "-p", "no:cacheprovider"], cwd=REPO, env=env)
         step.summary = pytest_counts(stdout.splitlines()[-1] if stdout.strip() else "")
         if step.exit_code == 5:
