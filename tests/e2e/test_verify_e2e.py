@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from support.cli import CliResult, run_cli, start_cli
 from support.e2e import CPU_SKIPS, still_there_after
+from support.pins import CLIENT_PACKAGES, TORCH_PIN
+from support.target_env import overlay_venv
 
 from mlstack_ds.launch import launcher
 from mlstack_ds.verify.suite import VerifyOptions
@@ -136,6 +138,57 @@ def test_shm_all_reduce_is_exact_and_leaves_no_shm_files(target_venv, tmp_path: 
         assert result["details"]["cases"] == 9 and result["details"]["comparison"] == "bitwise (exact sums)"
     left = sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
     assert not left, f"DeepSpeed's shm workspaces left behind: {left}"
+
+
+def test_lora_check_fails_on_deepspeed_without_patch_0024(no_ops_venv, tmp_path: Path) -> None:
+    """`lora_zero3` on plain 0.19.5 (no_ops_venv: no patch; --allow-jit, since no op is prebuilt there): reentrant
+    checkpointing keeps all three blocks' frozen weights gathered in backward, and the check says so. The
+    installed targets, patched, pass it (test_full_suite_on_two_cpu_ranks, the second pin's suite)."""
+    staged = launcher.stage_worker(tmp_path / "code")
+    run_id = launcher.new_run_id()
+    args = [*launcher.worker_args(["lora_zero3"], tmp_path / "out", 600, run_id), "--allow-jit"]
+    argv = launcher.torchrun_argv(no_ops_venv.python, 2, launcher.free_port(), args)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    outcome = launcher.run_launch(argv, timeout_s=900, run_id=run_id, env=launcher.worker_env(env, staged))
+    assert outcome.returncode == 0, outcome.log_tail
+    lines = (tmp_path / "out" / "rank0.jsonl").read_text(encoding="utf-8").splitlines()
+    result = next(json.loads(line) for line in lines if '"event": "result"' in line)
+    assert result["status"] == "fail", result
+    assert result["reason"].startswith("reentrant checkpointing: in backward, "), result["reason"]
+    assert "recomputed frozen weights are kept after their block's backward" in result["reason"]
+    details = result["details"]
+    one_block = details["reentrant"]["one_block_frozen"]
+    assert details["reentrant"]["frozen_gathered_in_backward"] == [3 * one_block] * 4  # every block's, each step
+    assert details["non_reentrant"]["frozen_gathered_in_backward"] == [0] * 4
+
+
+OLD_TRANSFORMERS = "5.17.0"  # the last before 5.18 passes max(1, warmup_steps) to WarmupLR (MLS-DS-101)
+
+
+@pytest.fixture(scope="module")
+def old_transformers_python(target_venv, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The installed target (patched DeepSpeed, its ops) seen through a venv of its own that has transformers
+    5.17.0 in front of the pinned one: what a user whose project pinned an older transformers runs."""
+    venv = overlay_venv(tmp_path_factory.mktemp("old-transformers") / "venv", target_venv.python)
+    python = venv / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "--quiet", f"transformers=={OLD_TRANSFORMERS}", "-c",
+                    "/dev/stdin"], input=TORCH_PIN, text=True, check=True, timeout=900)
+    return python
+
+
+def test_hf_trainer_passes_with_an_older_transformers(old_transformers_python: Path) -> None:
+    """transformers 5.17 fills WarmupLR's "auto" warmup_num_steps with 0, which DeepSpeed 0.19.3+ refuses
+    ("ValueError: warmup_num_steps must be a positive integer, got 0"); with patch 0023 it is accepted as before
+    0.19.3, and the Trainer trains exactly as the plain run (the same schedule as with the pinned 5.23)."""
+    proc, report = run_verify(old_transformers_python, "--only", "hf_trainer")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (check,) = report["checks"]
+    assert check["status"] == "pass", check
+    assert report["clients"]["transformers"] == OLD_TRANSFORMERS
+    pinned = dict(line.split("==") for line in CLIENT_PACKAGES)
+    assert report["clients"]["accelerate"] == pinned["accelerate"]
+    for stage in ("zero2", "zero3"):
+        assert check["details"][stage]["filled"]["scheduler"]["warmup_num_steps"] == 0
 
 
 def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: Path) -> None:
