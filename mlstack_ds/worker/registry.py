@@ -7,6 +7,7 @@ place: its function and its `Check` row in the family module. A new family is on
 from __future__ import annotations
 
 from . import (
+    accelerate_checks,
     adapter_checks,
     comm_checks,
     config_checks,
@@ -20,7 +21,7 @@ from . import (
 from .protocol import Check
 
 FAMILIES = (env_checks, optimizer_checks, kernel_checks, comm_checks, zero_checks, adapter_checks, pipeline_checks,
-            hf_checks, config_checks)
+            hf_checks, accelerate_checks, config_checks)
 
 
 def all_checks() -> tuple[Check, ...]:
