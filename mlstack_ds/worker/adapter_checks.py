@@ -7,12 +7,15 @@ checkpointing with torch's CheckpointError, and from 0.19.3 (PR #8148) frozen we
 reentrant checkpoint stay gathered until the whole backward ends, so every block's base weights are in memory
 at once, ZeRO-3's saving gone (our patch 0024). So this check trains with both checkpoint kinds and watches,
 in every block's backward, how much of the frozen model is gathered; after every step nothing may be.
+`lora_zero3_peft` runs the same with peft's own LoRA layers where peft is installed.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from .context import accelerator, close
-from .protocol import Check, CheckFailed
+from .protocol import Check, CheckFailed, SkipCheck
 from .training import ADAM, GRADIENT_CLIPPING, LOSS_ATOL, LOSS_RTOL, MICRO_BATCH, compare_curves, global_batch
 
 ADAPTER_RANK, ADAPTER_SCALE = 4, 2.0
@@ -25,32 +28,25 @@ ZERO3_STRICT = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_pre
                 "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0}
 
 
-def build_adapter_model(torch, reentrant):
-    """The suite's decoder shape with frozen base weights and a trainable low-rank adapter (A: d->r, B: r->d,
-    B zero at start, as LoRA initialises it) beside every linear layer of every block; each block runs under
-    torch.utils.checkpoint of the given kind. Reentrant checkpointing needs an input that requires grad, so
-    the frozen embedding's output is made to (what peft's enable_input_require_grads does)."""
-    from .training import VOCAB, build_model  # noqa: PLC0415
+ADAPTED = ("qkv", "proj", "fc1", "fc2")  # every linear layer of a block
 
-    nn, checkpoint = torch.nn, torch.utils.checkpoint.checkpoint
 
-    class Adapted(nn.Module):
-        def __init__(self, base):
-            super().__init__()
-            self.base = base
-            self.lora_a = nn.Linear(base.in_features, ADAPTER_RANK, bias=False)
-            self.lora_b = nn.Linear(ADAPTER_RANK, base.out_features, bias=False)
-            nn.init.zeros_(self.lora_b.weight)
+def import_peft(torch):
+    try:
+        return importlib.import_module("peft")
+    except ImportError as exc:
+        raise SkipCheck(f"peft is not installed in the target ({type(exc).__name__}: {exc}); add it with: "
+                        f"PYTHON -m pip install peft torch=={torch.__version__} (torch named so pip keeps it)"
+                        ) from None
 
-        def forward(self, x):
-            return self.base(x) + self.lora_b(self.lora_a(x)) * ADAPTER_SCALE
 
-    model = build_model(torch, d_ff=ADAPTER_D_FF, n_layers=ADAPTER_LAYERS)
-    for param in model.parameters():
-        param.requires_grad_(False)
-    for block in model.blocks:
-        for name in ("qkv", "proj", "fc1", "fc2"):
-            setattr(block, name, Adapted(getattr(block, name)))
+def checkpointed_forward(torch, model, reentrant):
+    """Give the suite's decoder a forward that runs each block under torch.utils.checkpoint of the given kind.
+    Reentrant checkpointing needs an input that requires grad, so the frozen embedding's output is made to
+    (what peft's enable_input_require_grads does)."""
+    from .training import VOCAB  # noqa: PLC0415
+
+    checkpoint = torch.utils.checkpoint.checkpoint
 
     def forward(tokens, targets):
         x = model.embed(tokens)
@@ -63,6 +59,44 @@ def build_adapter_model(torch, reentrant):
 
     model.forward = forward
     return model
+
+
+def build_adapter_model(torch, reentrant, peft=None):
+    """The suite's decoder shape with frozen base weights and a trainable low-rank adapter (A: d->r, B: r->d,
+    B zero at start, as LoRA initialises it) beside every linear layer of every block, under activation
+    checkpointing. Plain torch adapters, or peft's LoRA (`get_peft_model`, the same rank and scale) when
+    `peft` is given: what most fine-tuning scripts run."""
+    from .training import build_model  # noqa: PLC0415
+
+    nn = torch.nn
+    model = checkpointed_forward(torch, build_model(torch, d_ff=ADAPTER_D_FF, n_layers=ADAPTER_LAYERS), reentrant)
+    if peft is not None:
+        config = peft.LoraConfig(r=ADAPTER_RANK, lora_alpha=ADAPTER_RANK * ADAPTER_SCALE, lora_dropout=0.0,
+                                 target_modules=list(ADAPTED), bias="none")
+        return peft.get_peft_model(model, config)
+
+    class Adapted(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.lora_a = nn.Linear(base.in_features, ADAPTER_RANK, bias=False)
+            self.lora_b = nn.Linear(ADAPTER_RANK, base.out_features, bias=False)
+            nn.init.zeros_(self.lora_b.weight)
+
+        def forward(self, x):
+            return self.base(x) + self.lora_b(self.lora_a(x)) * ADAPTER_SCALE
+
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for block in model.blocks:
+        for name in ADAPTED:
+            setattr(block, name, Adapted(getattr(block, name)))
+    return model
+
+
+def decoder_blocks(model):
+    """The checkpointed blocks, through peft's wrapper where there is one."""
+    return (model.get_base_model() if hasattr(model, "get_base_model") else model).blocks
 
 
 def adapter_config():
@@ -83,9 +117,12 @@ class GatherWatch:
         self.available = ZeroParamStatus.NOT_AVAILABLE
         self.frozen = [p for p in model.parameters() if not p.requires_grad]
         self.seen: list[int] = []
+        blocks = decoder_blocks(model)
         self.block_frozen = max(sum(p.ds_numel for p in block.parameters() if not p.requires_grad)
-                                for block in model.blocks)
-        self.handles = [block.qkv.lora_a.weight.register_hook(self.record) for block in model.blocks]
+                                for block in blocks)
+        # the first trainable parameter of each block: its adapter beside qkv (ours or peft's lora_A)
+        self.handles = [next(p for p in block.parameters() if p.requires_grad).register_hook(self.record)
+                        for block in blocks]
 
     def record(self, grad):
         self.seen.append(sum(p.ds_numel for p in self.frozen if p.ds_status != self.available))
@@ -99,13 +136,13 @@ class GatherWatch:
             handle.remove()
 
 
-def train_adapters(ctx, reentrant):
+def train_adapters(ctx, reentrant, peft=None):
     """One ZeRO-3 run beside its plain copy; (details, problems)."""
     torch, deepspeed = ctx.torch, ctx.deepspeed
     device = accelerator().current_device_name()
     torch.manual_seed(2024)
-    model = build_adapter_model(torch, reentrant)
-    reference = build_adapter_model(torch, reentrant).to(device)
+    model = build_adapter_model(torch, reentrant, peft)
+    reference = build_adapter_model(torch, reentrant, peft).to(device)
     reference.load_state_dict(model.state_dict())
     trainable = [p for p in reference.parameters() if p.requires_grad]
     ref_optimizer = torch.optim.AdamW(trainable, **ADAM)
@@ -158,16 +195,16 @@ def train_adapters(ctx, reentrant):
     return details, problems
 
 
-def check_lora_zero3(ctx):
-    """Frozen base + trainable adapters under ZeRO-3 with non-reentrant and reentrant activation checkpointing:
-    the losses and adapters of a plain torch run, no more than one block's frozen weights gathered in backward,
-    the same every step, and nothing gathered after a step."""
+def adapters_under_zero3(ctx, peft=None):
+    """Both checkpoint kinds, each a ZeRO-3 run beside its plain copy; details, or CheckFailed with them."""
     ctx.need_dist()
     details, problems = {"steps": ADAPTER_STEPS, "rank": ADAPTER_RANK, "layers": ADAPTER_LAYERS,
                          "tolerance": {"loss_rtol": LOSS_RTOL, "loss_atol": LOSS_ATOL,
                                        "adapter_atol": ADAPTER_PARAM_ATOL}}, []
+    if peft is not None:
+        details["peft"] = peft.__version__
     for kind in CHECKPOINT_KINDS:
-        found, more = train_adapters(ctx, reentrant=kind == "reentrant")
+        found, more = train_adapters(ctx, kind == "reentrant", peft)
         details[kind] = found
         problems += [f"{kind} checkpointing: {problem}" for problem in more]
     if problems:
@@ -175,8 +212,23 @@ def check_lora_zero3(ctx):
     return details
 
 
+def check_lora_zero3(ctx):
+    """Frozen base + trainable adapters under ZeRO-3 with non-reentrant and reentrant activation checkpointing:
+    the losses and adapters of a plain torch run, no more than one block's frozen weights gathered in backward,
+    the same every step, and nothing gathered after a step."""
+    return adapters_under_zero3(ctx)
+
+
+def check_lora_zero3_peft(ctx):
+    """The same with peft's LoRA layers (`get_peft_model`) instead of ours: peft's wrapper and module
+    replacement under ZeRO-3's hooks, as fine-tuning scripts use them."""
+    return adapters_under_zero3(ctx, import_peft(ctx.torch))
+
+
 CHECKS = (
     Check("lora_zero3", "frozen base + trainable adapters under ZeRO-3 with (non-)reentrant activation "
           "checkpointing: matches plain torch, frozen weights released after each block's backward",
           ("deepspeed", "distributed"), check_lora_zero3),
+    Check("lora_zero3_peft", "lora_zero3 with peft's LoRA layers (get_peft_model) instead of plain torch adapters "
+          "(skipped unless peft is installed)", ("deepspeed", "distributed", "pkg:peft"), check_lora_zero3_peft),
 )
