@@ -80,8 +80,9 @@ print(json.dumps(out))
 # only: an image's torch can list requirements it does not hold, which is the image's business).
 CLIENTS_PROBE = r"""
 import subprocess, sys
-import accelerate, transformers
-print(f"transformers {transformers.__version__}, accelerate {accelerate.__version__}")
+import accelerate, lightning, peft, transformers
+print(f"transformers {transformers.__version__}, accelerate {accelerate.__version__}, peft {peft.__version__}, "
+      f"lightning {lightning.__version__}")
 check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
 print(f"pip check (exit {check.returncode}):\n{check.stdout[-3000:]}{check.stderr[-1000:]}")
 """
@@ -487,15 +488,32 @@ def wheel_names(wheels: Path) -> tuple[Path, list[str]]:
 
 
 def client_pins() -> list[str]:
-    """requirements/clients.txt's pins (transformers, accelerate)."""
+    """requirements/clients.txt's pins (transformers, accelerate, peft, lightning)."""
     lines = (REPO / "requirements" / "clients.txt").read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
+# Requirements of the clients that a GPU image may lack or hold too old, which gpu_wheels.sh adds and the clients
+# step installs beside them, from those very files: regex (transformers 5.23 needs >= 2025.10.22), and Lightning's
+# own two (the image's torch brings the rest).
+CLIENT_REQUIREMENT_WHEELS = ("regex", "lightning_utilities", "torchmetrics")
+
+
 def client_names() -> list[str]:
     """The wheel names the clients step installs (and the tool step leaves alone): the pinned clients and
-    `regex`, which gpu_wheels.sh adds for transformers."""
-    return [re.split(r"[=<>!~ ]", pin, maxsplit=1)[0].replace("-", "_") for pin in client_pins()] + ["regex"]
+    CLIENT_REQUIREMENT_WHEELS."""
+    pinned = [re.split(r"[=<>!~ ]", pin, maxsplit=1)[0].replace("-", "_") for pin in client_pins()]
+    return pinned + list(CLIENT_REQUIREMENT_WHEELS)
+
+
+def client_requirement_wheels(wheels: Path) -> list[str]:
+    """The newest file of each CLIENT_REQUIREMENT_WHEELS name in the directory, as paths: a path makes pip put
+    that version in even where the image holds an older one."""
+    found = []
+    for name in CLIENT_REQUIREMENT_WHEELS:
+        files = sorted(wheels.glob(f"{name}-*.whl"), key=lambda p: p.stat().st_mtime)
+        found += [str(files[-1])] if files else []
+    return found
 
 
 def split_file(source: Path, out: Path, *, part_bytes: int = PART_BYTES, max_parts: int) -> list[str]:
@@ -714,7 +732,7 @@ class Run:
                          f"({', '.join(stale[:5])}): rebuild it with scripts/gpu_wheels.sh")
 
     def install_clients(self, tool_ok: bool) -> None:
-        """The client libraries verify's hf_trainer runs, at the project's pins (requirements/clients.txt): what
+        """The client libraries verify's client checks run, at the project's pins (requirements/clients.txt): what
         the README's main command does with --with-clients. An image's own transformers may be one a DeepSpeed
         release breaks (issue 40: 5.17 with 0.19.5). Installed without their requirements, which a GPU image
         holds: on the H100 image pip's resolver rejected the image's own torch as soon as accelerate (torch>=2.0)
@@ -726,7 +744,8 @@ class Run:
             return
         python = self.options.python
         pins = client_pins()
-        self.exec(step, [python, "-m", "pip", "install", "--no-deps", *pins],
+        self.exec(step, [python, "-m", "pip", "install", "--no-deps", *pins,
+                         *client_requirement_wheels(self.options.wheels)],
                   [python, "-c", CLIENTS_PROBE])
         step.summary = {"pins": pins}
         if step.passed:

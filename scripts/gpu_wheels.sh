@@ -2,7 +2,7 @@
 # Fill DIR with what scripts/gpu_check.sh installs on a GPU machine that has no network: the tool's own
 # wheel (built from this checkout), DeepSpeed's sdist for the pin (sha256-checked against the recipe), and
 # binary wheels of DeepSpeed's and the tool's requirements that a GPU image typically lacks, and the pinned
-# clients (requirements/clients.txt) verify's hf_trainer runs. Never torch:
+# clients (requirements/clients.txt) verify's client checks run. Never torch:
 # the GPU machine's own torch is the target, and a bare torch wheel is a multi-GB CUDA build.
 #   scripts/gpu_wheels.sh DIR [--python-version 3.12] [--pin 0.19.5] [--python PY]
 # Run on a networked machine. Exit codes: 0 done, 2 usage, 4 a download failed or the sdist's sha256 is wrong.
@@ -72,12 +72,14 @@ EOF
 [[ -n $CORE ]] || fail "$PYDANTIC names no exact pydantic-core" "download pydantic-core by hand into $DIR"
 "${BINARY[@]}" "pydantic-core==$CORE" || fail "pip could not download pydantic-core==$CORE" "check the network"
 
-echo "gpu_wheels: the clients verify's hf_trainer runs (requirements/clients.txt), without their requirements"
+echo "gpu_wheels: the clients verify's client checks run (requirements/clients.txt), without their requirements"
 # Their own requirements (huggingface-hub, tokenizers, safetensors, ...) come with a GPU image's transformers;
 # torch is never downloaded (accelerate requires it: gpu_check.py holds the machine's).
 mapfile -t CLIENTS < <(grep -v '^#' requirements/clients.txt | grep .)
-# regex: transformers needs a recent one (>= 2025.10.22 for 5.23) that an older image may lack.
-"${BINARY[@]}" "${CLIENTS[@]}" regex || fail "pip could not download ${CLIENTS[*]}" "check the network"
+# regex: transformers needs a recent one (>= 2025.10.22 for 5.23) that an older image may lack; lightning-utilities
+# and torchmetrics: Lightning's own (gpu_check.py CLIENT_REQUIREMENT_WHEELS installs these three beside the clients).
+"${BINARY[@]}" "${CLIENTS[@]}" regex lightning-utilities torchmetrics \
+  || fail "pip could not download ${CLIENTS[*]}" "check the network"
 
 echo "gpu_wheels: $DIR holds"
 ls -l "$DIR" | tail -n +2

@@ -21,8 +21,8 @@
 #                     op of NVMe offload, is not built), and on Debian/Ubuntu python3-venv when the venv
 #                     is still to be made, with apt-get, dnf or zypper, as root or through passwordless
 #                     sudo. Otherwise it prints the command to run and goes on without them.
-# --with-clients      also install transformers and accelerate (requirements/clients.txt), the libraries
-#                     verify's hf_trainer check runs, with the venv's PyTorch held at its version.
+# --with-clients      also install transformers, accelerate, peft and Lightning (requirements/clients.txt),
+#                     the libraries verify's client checks run, with the venv's PyTorch held at its version.
 # Never prompts; sudo only for --with-system-deps and only without a password (sudo -n); safe to re-run.
 # At the end it names what is still missing and the one command that adds it.
 # Exit codes: those of `mlstack-ds install`; before it runs, 2 for a bad option and 3 for what this
@@ -216,28 +216,28 @@ fi
 
 clients_installed() {
   "$venv/bin/python" -c 'import importlib.util as u, sys
-sys.exit(not all(u.find_spec(n) for n in ("transformers", "accelerate")))' 2>/dev/null
+sys.exit(not all(u.find_spec(n) for n in ("transformers", "accelerate", "peft", "lightning")))' 2>/dev/null
 }
 
 install_clients() {
   local torch_version constraints
   if clients_installed; then
-    echo "==> transformers and accelerate are already installed" >&2
+    echo "==> verify's clients (transformers, accelerate, peft, lightning) are already installed" >&2
     return 0
   fi
   torch_version=$(probe_torch)
   torch_version=${torch_version#* }
   if [[ -z $torch_version ]]; then
-    # accelerate depends on torch: without one to hold, pip would fetch a multi-GB CUDA build.
-    echo "==> not done: transformers and accelerate need the venv's PyTorch first (it is held at its version)" >&2
+    # accelerate, peft and lightning depend on torch: without one to hold, pip would fetch a multi-GB CUDA build.
+    echo "==> not done: verify's clients (transformers, accelerate, peft, lightning) need the venv's PyTorch first (it is held at its version)" >&2
     return 0
   fi
   constraints=$(mktemp)
   echo "torch==$torch_version" >"$constraints"
-  echo "==> installing transformers and accelerate (requirements/clients.txt), torch held at $torch_version" >&2
+  echo "==> installing transformers, accelerate, peft, lightning (requirements/clients.txt), torch held at $torch_version" >&2
   if ! "$venv/bin/python" -m pip install --quiet -r "$repo/requirements/clients.txt" -c "$constraints"; then
     rm -f "$constraints"
-    echo "error: pip could not install transformers and accelerate with torch==$torch_version held" >&2
+    echo "error: pip could not install verify's clients (requirements/clients.txt) with torch==$torch_version held" >&2
     echo "hint: pip's message above says which requirement conflicts; torch was left as it was" >&2
     exit 7
   fi
@@ -273,7 +273,7 @@ summary() {
     nothing=""
     if [[ -n $(probe_torch) ]]; then
       # An install that is already up to date runs no verify: --force reinstalls from the cache and verifies.
-      echo "==> left out: verify's hf_trainer (no transformers, accelerate); add with: $(rerun --with-clients)--force" >&2
+      echo "==> left out: verify's client checks (not all of transformers, accelerate, peft, lightning); add with: $(rerun --with-clients)--force" >&2
     fi
   fi
   if [[ -n $nothing ]]; then

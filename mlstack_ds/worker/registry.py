@@ -14,6 +14,7 @@ from . import (
     env_checks,
     hf_checks,
     kernel_checks,
+    lightning_checks,
     optimizer_checks,
     pipeline_checks,
     zero_checks,
@@ -21,7 +22,7 @@ from . import (
 from .protocol import Check
 
 FAMILIES = (env_checks, optimizer_checks, kernel_checks, comm_checks, zero_checks, adapter_checks, pipeline_checks,
-            hf_checks, accelerate_checks, config_checks)
+            hf_checks, accelerate_checks, lightning_checks, config_checks)
 
 
 def all_checks() -> tuple[Check, ...]:

@@ -103,6 +103,13 @@ def test_full_suite_on_two_cpu_ranks(target_venv, install_verify_report) -> None
         assert hf[stage]["max_loss_deviation"] <= 1e-5
         assert hf[stage]["param_relative_distance"] <= hf_checks.HF_PARAM_RTOL
     assert hf["plain"]["losses"][-1] < hf["plain"]["losses"][0] - 0.1  # it trains visibly
+    # The target has every client of requirements/clients.txt, at its pin, and the report says so.
+    assert report["clients"] == dict(line.split("==") for line in CLIENT_PACKAGES)
+    assert checks["lora_zero3_peft"]["details"]["peft"] == report["clients"]["peft"]
+    # Lightning asked and refusing the CPU, in its own words: the skip is measured, not assumed.
+    lightning = checks["lightning_deepspeed"]["reason"]
+    assert lightning.startswith(f"Lightning {report['clients']['lightning']} refuses: \"The DeepSpeed strategy is "
+                                "only supported on CUDA GPUs but `CPUAccelerator` is used."), lightning
 
 
 def test_hf_trainers_leave_nothing_behind_for_later_checks(target_venv, tmp_path: Path) -> None:
@@ -189,6 +196,23 @@ def test_hf_trainer_passes_with_an_older_transformers(old_transformers_python: P
     assert report["clients"]["accelerate"] == pinned["accelerate"]
     for stage in ("zero2", "zero3"):
         assert check["details"][stage]["filled"]["scheduler"]["warmup_num_steps"] == 0
+
+
+LIGHTNING_ON_CPU = Path(__file__).resolve().parents[1] / "support" / "lightning_on_cpu"
+
+
+def test_lightning_check_trains_like_plain_torch_once_lightning_allows_the_cpu(target_venv) -> None:
+    """The check's GPU path, run here: with Lightning's three CPU gates lifted in the ranks (test-only, see
+    support/lightning_on_cpu), Trainer.fit under DeepSpeedStrategy matches plain torch at ZeRO-2 and ZeRO-3."""
+    proc, report = run_verify(target_venv.python, "--only", "lightning_deepspeed",
+                              env={"PYTHONPATH": str(LIGHTNING_ON_CPU)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (check,) = report["checks"]
+    assert check["status"] == "pass", check
+    for stage in (2, 3):
+        found = check["details"][f"zero{stage}"]
+        assert found["engine"] == f"DeepSpeedEngine ZeRO-{stage}"
+        assert len(found["losses"]) == 5 and found["losses"][0] == found["reference_losses"][0]
 
 
 def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: Path) -> None:

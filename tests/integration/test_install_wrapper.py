@@ -24,7 +24,8 @@ def test_fresh_venv_without_torch_stops_with_the_fix(tmp_path: Path) -> None:
     assert first.returncode == 3, first.stderr[-2000:]
     assert "PyTorch is not installed" in first.stderr and "--with-torch cpu" in first.stderr
     # no torch to hold: accelerate would pull an unpinned (CUDA) torch, so nothing of it is installed
-    assert "not done: transformers and accelerate need the venv's PyTorch first" in first.stderr
+    assert ("not done: verify's clients (transformers, accelerate, peft, lightning) need the venv's PyTorch first"
+            in first.stderr)
     assert not list(venv.glob("lib/python3*/site-packages/torch*"))
     assert not list(venv.glob("lib/python3*/site-packages/accelerate*"))
     assert "Traceback" not in first.stderr
@@ -168,12 +169,13 @@ def test_help_documents_the_opt_ins() -> None:
 
 # Each package's version and where it is imported from, as the venv sees them.
 PROBE_CLIENTS = ("import importlib, importlib.metadata as m, json; print(json.dumps({n: (m.version(n), "
-                 "importlib.import_module(n).__file__) for n in ('torch', 'transformers', 'accelerate')}))")
+                 "importlib.import_module(n).__file__) for n in ('torch', 'transformers', 'accelerate', 'peft', "
+                 "'lightning')}))")
 
 
 def test_summary_names_what_is_left_out_and_with_clients_installs_them_with_torch_held(
         tmp_path: Path, torch_only_python: Path) -> None:
-    """Real pip, real package index: transformers and accelerate go into a scratch venv that sees the test
+    """Real pip, real package index: the clients (requirements/clients.txt) go into a scratch venv that sees the test
     venv's torch 2.13.0 (support/target_env.py: overlay_venv); torch is held, not upgraded or copied in.
     The host is a fake Debian without libaio-dev. A dry-run install ends each run (nothing is built)."""
     venv = overlay_venv(tmp_path / "venv", torch_only_python)
@@ -186,7 +188,7 @@ def test_summary_names_what_is_left_out_and_with_clients_installs_them_with_torc
     assert lines[-2:] == [
         "==> left out: libaio headers for async_io and verify's nvme_offload (system package(s) libaio-dev); "
         f"add with: {wrapper} --with-system-deps --venv {venv} -- --dry-run",
-        "==> left out: verify's hf_trainer (no transformers, accelerate); "
+        "==> left out: verify's client checks (not all of transformers, accelerate, peft, lightning); "
         f"add with: {wrapper} --with-clients --venv {venv} -- --dry-run --force"], first.stderr[-3000:]
 
     user_host = FakePackageHost(tmp_path / "user-host", "apt-get", APT[:3], uid=1000, sudo=False)
@@ -201,8 +203,9 @@ def test_summary_names_what_is_left_out_and_with_clients_installs_them_with_torc
                            timeout=300, check=False)
     assert probe.returncode == 0, probe.stderr[-2000:]
     found = json.loads(probe.stdout)
-    assert {f"{name}=={found[name][0]}" for name in ("transformers", "accelerate")} == set(CLIENT_PACKAGES)
-    assert all(found[name][1].startswith(str(site)) for name in ("transformers", "accelerate")), found
+    clients = ("transformers", "accelerate", "peft", "lightning")
+    assert {f"{name}=={found[name][0]}" for name in clients} == set(CLIENT_PACKAGES)
+    assert all(found[name][1].startswith(str(site)) for name in clients), found
     assert found["torch"][0] == f"{TORCH_VERSION}+cpu" and not found["torch"][1].startswith(str(venv)), found
     assert result.stderr.splitlines()[-1] == (  # clients are in; libaio-dev needs root: the command, then again
         "==> left out: libaio headers for async_io and verify's nvme_offload (system package(s) libaio-dev); "

@@ -22,6 +22,6 @@ def requirements(path: Path) -> tuple[str, ...]:
 TORCH_VERSION = TORCH_PIN.removeprefix("torch==")
 # DeepSpeed 0.19.5's requirements/requirements.txt, minus torch (pinned above).
 DEEPSPEED_RUNTIME_DEPS = requirements(DEEPSPEED_RUNTIME_REQUIREMENTS)
-# What verify's hf_trainer check runs on top of DeepSpeed (transformers, accelerate), pinned; installed in the
-# same pip call as TORCH_PIN (tests) or with the target's torch as a constraint (the wrapper's --with-clients).
+# What verify's client checks run on top of DeepSpeed (transformers, accelerate, peft, lightning), pinned; installed
+# in the same pip call as TORCH_PIN (tests) or with the target's torch as a constraint (the wrapper's --with-clients).
 CLIENT_PACKAGES = requirements(CLIENT_REQUIREMENTS)

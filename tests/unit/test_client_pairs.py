@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,20 @@ def test_the_shipped_pairs_load_and_each_is_a_doctor_rule_with_its_evidence() ->
     for pair in pairs:
         rule = rule_by_id(pair.id)
         assert rule.source == pair.evidence and rule.fix == pair.fix and rule.log_patterns == (pair.log_pattern,)
+
+
+def test_docs_list_every_known_bad_pair_and_every_client_pin() -> None:
+    """docs/verify.md's client tables name each shipped pair with its ranges and each pinned client version."""
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "verify.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in docs.splitlines() if line.startswith("| MLS-DS-")}
+    for pair in known_bad_pairs():
+        row = rows.pop(pair.id)
+        assert f"| {pair.client} " in row, row
+    assert not rows, f"docs/verify.md lists pairs that are not shipped: {sorted(rows)}"
+    pins = [line.split("#")[0].strip() for line in (root / "requirements" / "clients.txt").read_text().splitlines()]
+    for name, version in (pin.split("==") for pin in pins if pin):
+        assert f"{name} {version}" in docs, (name, version)
 
 
 @pytest.mark.parametrize(("client", "deepspeed", "patches", "applies"), [
