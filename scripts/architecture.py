@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("patches", ("patches",)),
     ("plan, ds_configs", ("plan", "dsconfig")),
     ("index", ("index",)),
+    ("bundle", ("bundle",)),
     ("build", ("build",)),
     ("verify", ("verify",)),
     ("install", ("install",)),

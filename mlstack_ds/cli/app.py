@@ -27,6 +27,7 @@ from rich.markup import escape
 from mlstack_ds import __version__
 from mlstack_ds.cli import (
     bench_cmd,
+    bundle_cmd,
     config_cmd,
     detect_cmd,
     doctor_cmd,
@@ -71,8 +72,8 @@ def build_app() -> typer.Typer:
     ) -> None:
         """Root options."""
 
-    for module in (detect_cmd, install_cmd, index_cmd, verify_cmd, doctor_cmd, config_cmd, bench_cmd, recipes_cmd,
-                   fetch_cmd, patches_cmd):
+    for module in (detect_cmd, install_cmd, index_cmd, bundle_cmd, verify_cmd, doctor_cmd, config_cmd, bench_cmd,
+                   recipes_cmd, fetch_cmd, patches_cmd):
         module.register(app)
     return app
 

@@ -147,6 +147,30 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
                       from_cache=from_cache)
 
 
+def fetch_archive(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None,
+                  progress: ProgressCallback | None = None) -> Path:
+    """The pinned source archive itself (for `bundle`, which carries it to an air-gapped machine), from the
+    cache or fetched into it, checked against the pin's sha256 (`--sha256` for a URL or local archive).
+    Only archives: a git clone or a plain directory is not what an offline node's `--source` can take."""
+    cache = Cache.open(cache_dir)
+    if spec.kind == "pypi":
+        sha256 = recipe.sdist.sha256
+        return _cached_download(cache, sha256, recipe.sdist.filename,
+                                lambda into: pip_download_sdist(recipe.package, recipe.requirement, into))
+    if spec.kind == "url":
+        assert spec.location is not None
+        url, sha256 = spec.location, spec.sha256 or recipe.sdist.sha256
+        return _cached_download(cache, sha256, filename_from_url(url), lambda into: download(url, into, progress))
+    path = check_local_source(spec)
+    if path is None or not path.is_file():
+        raise UsageError(f"--source {spec.kind if path is None else path}: a bundle carries the pinned source "
+                         "archive, not a git clone or a directory",
+                         hint="use --source pypi (default), an http(s) URL or a local .tar.gz of the release")
+    sha256 = spec.sha256 or recipe.sdist.sha256
+    _check_sha256(path, sha256)
+    return path
+
+
 def pinned_commit(recipe: Recipe) -> str:
     """The recipe's git commit; a recipe whose commit could not be verified when pinned has none, and
     then only the sdist (or a commit the user vouches for with --git-commit) can be used."""
