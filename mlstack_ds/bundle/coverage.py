@@ -85,7 +85,7 @@ def missing(manifest: Manifest, present: Mapping[str, str], need: Need, target: 
     for item in manifest.files:
         if item.path not in intact:
             state = "modified" if item.path in present else "missing"
-            found.append(Missing(item.project or item.path, item.kind,
+            found.append(Missing(_file_name(item), item.kind,
                                  f"{item.path} is listed in the manifest but {state} in the bundle"))
     sdists = [f for f in intact.values() if f.kind == "sdist"]
     if manifest.sdist_sha256 != need.sdist_sha256 or not any(f.sha256 == need.sdist_sha256 for f in sdists):
@@ -94,7 +94,7 @@ def missing(manifest: Manifest, present: Mapping[str, str], need: Need, target: 
                              f"the bundle (it was made for {manifest.recipe})"))
     patches = {(f.path.rsplit("/", 1)[-1], f.sha256) for f in intact.values() if f.kind == "patch"}
     for name, digest in need.series:
-        if (name, digest) not in patches:
+        if (name, digest) not in patches and not _named(found, name):
             why = ("another version of it" if any(n == name for n, _ in patches) else "not in the bundle")
             found.append(Missing(name, "patch", f"the series of {need.recipe} needs this patch: {why}"))
     wheels = [f for f in intact.values() if f.path.endswith(".whl")]
@@ -102,9 +102,19 @@ def missing(manifest: Manifest, present: Mapping[str, str], need: Need, target: 
     for kind, requirements in need.requirements.items():
         for text in requirements:
             problem = _requirement_problem(text, wheels, supported)
-            if problem is not None:
+            if problem is not None and not _named(found, problem[0]):
                 found.append(Missing(problem[0], kind, problem[1]))
     return found
+
+
+def _file_name(item: BundleFile) -> str:
+    """How a user names a file of the bundle: its project (`hjson`), or a patch's file name."""
+    return item.path.rsplit("/", 1)[-1] if item.kind == "patch" else item.project or item.path
+
+
+def _named(found: Sequence[Missing], name: str) -> bool:
+    """Already reported (a file of the manifest gone): said once, with its first reason."""
+    return any(m.name == name for m in found)
 
 
 def _requirement_problem(text: str, wheels: Sequence[BundleFile], supported: frozenset[tags.Tag]

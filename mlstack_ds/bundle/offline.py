@@ -59,7 +59,8 @@ def check_offline(directory: Path, recipe: Recipe, series: Sequence[tuple[str, s
     `InstallError` (exit 7) naming what is missing, or the Python it was made for, and the bundle command."""
     directory = Path(os.path.abspath(directory))
     manifest = read_manifest(directory)
-    fix = bundle_command(directory, manifest.target, recipe.name, clients=manifest.clients)
+    fix = bundle_command(directory, manifest.target, recipe.name, clients=manifest.clients,
+                         extra=("--torch", manifest.torch))
     reason = wrong_target(manifest, target)
     if reason is not None:
         platform = (manifest.target.platform if manifest.target.platform in target.platforms
@@ -68,7 +69,8 @@ def check_offline(directory: Path, recipe: Recipe, series: Sequence[tuple[str, s
         raise InstallError(f"the bundle in {directory} does not fit this target: {reason}; nothing was installed",
                            hint="make one for this target (each target has its own directory) on a machine with "
                            "network access: " + bundle_command(other, BundleTarget(target.python_version, platform),
-                                                               recipe.name, clients=manifest.clients))
+                                                               recipe.name, clients=manifest.clients,
+                                                               extra=("--torch", manifest.torch)))
     present = file_digests(directory, manifest)
     sdist = directory / "sources" / recipe.sdist.filename
     runtime = manifest.requested.get("runtime", ())
@@ -80,10 +82,12 @@ def check_offline(directory: Path, recipe: Recipe, series: Sequence[tuple[str, s
                 {"runtime": tuple(runtime), "build": BUILD_REQUIREMENTS})
     gaps = missing(manifest, present, need, target)
     if gaps:
+        modified = [item.path for item in manifest.files if item.path in present and present[item.path] != item.sha256]
+        first = f"remove the modified {', '.join(modified)}, then " if modified else ""
         raise InstallError(f"the bundle in {directory} lacks what this install needs: "
                            f"{describe(gaps)}; nothing was installed",
-                           hint=f"complete it on a machine with network access (a bundle only adds files): {fix}, "
-                           "then copy it here again", details={"missing": [g.__dict__ for g in gaps]})
+                           hint=f"on a machine with network access, {first}complete it (a bundle only adds files): "
+                           f"{fix}; then copy it here again", details={"missing": [g.__dict__ for g in gaps]})
     return OfflineBundle(directory, manifest, sdist)
 
 

@@ -73,6 +73,10 @@ CachedWheelOption = Annotated[str | None, typer.Option(
     help="Install the cached wheel of this plan or fail; never build (each node of --hostfile).")]
 IndexOnlyOption = Annotated[bool, typer.Option(
     "--index-only", help="With --index: refuse (exit 7) instead of building when no wheel of the index fits.")]
+OfflineOption = Annotated[Path | None, typer.Option(
+    "--offline", metavar="DIR", help="Install from a bundle (`mlstack-ds bundle --to DIR`) and nothing else: DIR is "
+    "checked to cover this install first (missing pieces are named, with the bundle command that adds them; exit 7); "
+    "then the sdist is DIR's and pip gets --no-index and DIR only.")]
 WheelDirOption = Annotated[Path | None, typer.Option("--wheel-dir", help="Also copy the wheel into this directory.")]
 
 
@@ -98,6 +102,7 @@ def install_command(
     slurm: InstallSlurmOption = False,
     index: IndexOption = None,
     index_only: IndexOnlyOption = False,
+    offline: OfflineOption = None,
 ) -> None:
     """Build DeepSpeed's ops ahead of time for exactly this machine's GPUs, install, and check.
 
@@ -107,7 +112,10 @@ def install_command(
     output = make_output(json_output)
     request = _request(recipe, source, git_url, git_commit, sha256, arch, python, jobs, cache_dir, no_patches, rebuild,
                        verify=not no_verify, force=force, cached_wheel=cached_wheel, lock_timeout=lock_timeout,
-                       index=index or None, index_only=index_only)
+                       index=index or None, index_only=index_only, offline=offline)
+    if offline is not None:
+        refuse_with_offline(offline, source=source, git=git_url or git_commit, sha256=sha256, index=index,
+                            nodes=hostfile is not None or slurm)
     if index_only and not index:
         raise UsageError("--index-only needs --index (or MLSTACK_DS_INDEX)", hint="name the index: --index URL|DIR")
     refuse_with_hostfile(slurm, hostfile)
@@ -143,6 +151,17 @@ def install_command(
     else:
         output.out.print(f"[green]installed[/] DeepSpeed {outcome.receipt.deepspeed_version} with prebuilt ops: "
                          + ", ".join(plan.built_ops))
+
+
+def refuse_with_offline(offline: Path, *, source: str, git: str | None, sha256: str | None, index: str | None,
+                        nodes: bool) -> None:
+    """`--offline DIR` is the source and the index at once: another one named beside it is a usage error."""
+    clash = ("--source" if source != DEFAULT_SOURCE else "--git-url/--git-commit" if git else "--sha256" if sha256
+             else "--index (or MLSTACK_DS_INDEX)" if index else "--hostfile/--slurm" if nodes else None)
+    if clash is not None:
+        raise UsageError(f"--offline {offline} takes the source and every requirement from the bundle; {clash} "
+                         "cannot be used with it", hint=f"leave out {clash}" + (" (install on each node with "
+                         "--offline for now)" if nodes else ""))
 
 
 def build_command(

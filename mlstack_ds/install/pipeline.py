@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.build.wheel import BuildProgress, BuiltWheel, build_wheel, cached_wheel
+from mlstack_ds.bundle.offline import OfflineBundle, check_offline, here, pip_env
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment
 from mlstack_ds.detect.environment import detect_with_target
@@ -32,6 +33,7 @@ from mlstack_ds.installed.health import InstalledState, check_health, installed_
 from mlstack_ds.installed.journal import lift_guard, read_journal
 from mlstack_ds.installed.lock import target_lock
 from mlstack_ds.installed.receipt import Receipt, ReceiptError, read_receipt
+from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.plan.buildjobs import read_mem_available
 from mlstack_ds.plan.buildplan import BuildPlan, plan_differences
 from mlstack_ds.plan.planner import plan_build
@@ -66,6 +68,8 @@ class InstallRequest:
     # refuses to build when none fits.
     index: str | None = None
     index_only: bool = False
+    # `install --offline DIR`: a bundle (`mlstack-ds bundle`) is the only source: its sdist, pip held to it.
+    offline: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Prepared:
     plan: BuildPlan  # with --index and a fitting wheel: that wheel's plan (index/choose.adopt)
     target: TargetFacts  # detect's answer from the target interpreter, reused instead of asking again
     index: IndexChoice | None = None  # what the index offered and chose (--index)
+    offline: OfflineBundle | None = None  # the bundle checked to cover this install (--offline)
 
 
 @dataclass(frozen=True)
@@ -101,21 +106,29 @@ def prepare(request: InstallRequest) -> Prepared:
     recipe = find_recipe(request.deepspeed_version)  # a version ("0.19.5"), a recipe's name or its file
     spec = parse_source_spec(request.source, git_url=request.git_url, git_commit=request.git_commit,
                              sha256=request.sha256)
-    check_local_source(spec)
+    if request.offline is None:
+        check_local_source(spec)
     archs = parse_arch_option(request.archs) if request.archs is not None else None
     detection = detect_with_target(python=request.python)
     environment = detection.environment
+    offline = None
+    source_label = request.source
+    if request.offline is not None:  # checked before anything changes; the sdist is then the bundle's
+        series = [(p.name, p.sha256) for p in series_for_recipe(recipe).patches] if request.patches else []
+        offline = check_offline(request.offline, recipe, series, here(environment.python.version))
+        spec = parse_source_spec(str(offline.sdist))
+        source_label = f"offline:{offline.directory}"
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir,
                                 rocm_first=environment.rocm is not None and environment.rocm.kind == "wheels")
     plan = plan_build(environment, recipe, spec, toolchain, archs=archs, jobs=request.jobs,
-                      patches=request.patches, source_label=request.source, mem_available=read_mem_available(),
+                      patches=request.patches, source_label=source_label, mem_available=read_mem_available(),
                       toolchain_optional=request.index is not None)
     choice = None
     if request.index is not None:
         choice = choose(request.index, Here(plan.to_dict(), platform.machine(), cpu_flags()))
         plan = refuse_or_adopt(plan, choice, index_only=request.index_only)
-    return Prepared(environment, recipe, spec, plan, detection.target, choice)
+    return Prepared(environment, recipe, spec, plan, detection.target, choice, offline)
 
 
 def refuse_or_adopt(plan: BuildPlan, choice: IndexChoice, *, index_only: bool) -> BuildPlan:
@@ -260,9 +273,11 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
                                 progress=progress, status=output.status)
             output.status(("reusing cached wheel " if built.cached else f"built in {built.seconds:.0f} s: ")
                           + built.wheel.name)
+        offline = prepared.offline
         new_receipt = install_wheel(plan, built, prefix, status=output.status, warn=output.warn,
                                     replace_bad_receipt=forced, before=before, lock=lock, interrupted=interrupted,
-                                    origin=plan.prebuilt)
+                                    origin=plan.prebuilt, pip_source=(offline.pip_args(), pip_env(os.environ))
+                                    if offline is not None else None)
     report = None
     if request.verify:
         output.status("verifying the install (mlstack-ds verify)")

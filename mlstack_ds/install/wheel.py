@@ -14,7 +14,7 @@ import signal
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -88,10 +88,13 @@ def signals_deferred(done: str = "the change was completed") -> Iterator[None]:
                           hint="the environment is consistent; `mlstack-ds status` shows it")
 
 
-def _pip(python: str, *args: str, what: str, lock: TargetLock | None = None) -> None:
-    """pip in the target; it inherits the environment's lock, which so outlives a killed tool until pip ends."""
+def _pip(python: str, *args: str, what: str, lock: TargetLock | None = None,
+         env: Mapping[str, str] | None = None) -> None:
+    """pip in the target; it inherits the environment's lock, which so outlives a killed tool until pip ends.
+    `env`: pip's whole environment when it must see nothing but a bundle (`install --offline`)."""
     try:
-        result = run([python, "-m", "pip", *args], timeout=PIP_TIMEOUT_S, pass_fds=(lock.fd,) if lock else ())
+        result = run([python, "-m", "pip", *args], timeout=PIP_TIMEOUT_S, pass_fds=(lock.fd,) if lock else (),
+                     env=env)
     except ToolError as exc:
         raise InstallError(f"{what}: {exc.message}", hint=exc.hint) from exc
     if not result.ok:
@@ -111,6 +114,7 @@ def install_wheel(
     lock: TargetLock | None = None,
     interrupted: Journal | None = None,
     origin: str | None = None,
+    pip_source: tuple[tuple[str, ...], Mapping[str, str]] | None = None,
 ) -> Receipt:
     """Install `built` into the plan's interpreter and write the receipt. Torch is left untouched.
     A DeepSpeed we did not install is packed into a wheel first, so `rollback` can put it back.
@@ -120,7 +124,9 @@ def install_wheel(
     `lock`: the environment's lock the caller holds (pip inherits it). `interrupted`: the journal of an
     earlier change that was killed (this install repairs it: what was there before *that* change stays
     the previous install). The journal is written before pip swaps DeepSpeed and removed after the receipt.
-    `origin`: where the wheel came from when it was not built here (an index wheel's URL, kept in the receipt)."""
+    `origin`: where the wheel came from when it was not built here (an index wheel's URL, kept in the receipt).
+    `pip_source`: pip's options and environment when it may use nothing but a bundle (`install --offline`:
+    `--no-index`, the bundle's directories, no configuration); None: pip's own configuration."""
     python = plan.target_python
     if before is None:
         before = probe_installed(python)
@@ -141,21 +147,22 @@ def install_wheel(
     else:
         previous = _previous(before, old_receipt, plan.cache_key)
     requirements = wheel_requirements(built.wheel)
+    source_args, source_env = pip_source if pip_source is not None else ((), None)
     with tempfile.TemporaryDirectory(prefix="mlstack-ds-") as tmp:
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(f"torch=={before.torch_version}\n" if before.torch_version else "")
         if requirements:
             status(f"installing DeepSpeed's requirements ({len(requirements)}), torch held at {before.torch_version}")
-            _pip(python, "install", "--quiet", "--constraint", str(constraints), *requirements,
-                 what="installing DeepSpeed's requirements", lock=lock)
+            _pip(python, "install", "--quiet", *source_args, "--constraint", str(constraints), *requirements,
+                 what="installing DeepSpeed's requirements", lock=lock, env=source_env)
     status(f"installing {built.wheel.name}")
     with signals_deferred(f"DeepSpeed {plan.deepspeed_version} was installed and its receipt written"):
         journal = begin_change(prefix, before.site_packages, Journal(
             "install", os.getpid(), now(), interrupted.from_version if interrupted else before.deepspeed_version,
             plan.deepspeed_version, python, asdict(previous)))
         try:
-            _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", str(built.wheel),
-                 what="installing the DeepSpeed wheel", lock=lock)
+            _pip(python, "install", "--quiet", *source_args, "--no-deps", "--force-reinstall", str(built.wheel),
+                 what="installing the DeepSpeed wheel", lock=lock, env=source_env)
         except InstallError:  # pip put the old files back itself
             end_change(prefix, journal)
             _prune_kept(prefix, keep=old_receipt.previous.wheel if old_receipt else None)
