@@ -88,7 +88,8 @@ def missing(manifest: Manifest, present: Mapping[str, str], need: Need, target: 
             found.append(Missing(_file_name(item), item.kind,
                                  f"{item.path} is listed in the manifest but {state} in the bundle"))
     sdists = [f for f in intact.values() if f.kind == "sdist"]
-    if manifest.sdist_sha256 != need.sdist_sha256 or not any(f.sha256 == need.sdist_sha256 for f in sdists):
+    gone = any(f.kind == "sdist" and f.sha256 == need.sdist_sha256 and f.path not in intact for f in manifest.files)
+    if not gone and not any(f.sha256 == need.sdist_sha256 for f in sdists):  # a removed sdist is said above
         found.append(Missing(f"deepspeed {need.deepspeed_version} sdist", "sdist",
                              f"the pinned sdist (sha256 {need.sdist_sha256[:16]}...) of recipe {need.recipe} is not in "
                              f"the bundle (it was made for {manifest.recipe})"))

@@ -106,16 +106,17 @@ def make_bundle(request: BundleRequest, status: Callable[[str], None] = lambda _
     series = series_for_recipe(recipe)
     spec = parse_source_spec(request.source, sha256=request.sha256)
     to = Path(os.path.abspath(request.to))
+    # Into the fetch cache, before DIR is touched: a source that is no archive, or not the pin, leaves no trace.
+    status(f"the pinned sdist of {recipe.name} (sha256 {recipe.sdist.sha256[:16]}...)")
+    archive = fetch_archive(recipe, spec, request.cache_dir)
+    runtime = sdist_requirements(archive)
     with _locked(to):
         _refuse_other_target(to, target)
         staging = Path(tempfile.mkdtemp(prefix=".bundle-staging-", dir=to))
         try:
             entries: dict[str, BundleFile] = {}
-            status(f"the pinned sdist of {recipe.name} (sha256 {recipe.sdist.sha256[:16]}...)")
-            archive = fetch_archive(recipe, spec, request.cache_dir)
             sdist_rel = f"{SOURCES_DIR}/{recipe.sdist.filename}"
             _place(archive, to / sdist_rel, copy=True)
-            runtime = sdist_requirements(archive)
             _add(entries, to, sdist_rel, "sdist", recipe.package, version=recipe.version,
                  why=f"the pinned source of {recipe.name}; its sha256 is the recipe's")
             series_dir = f"{PATCHES_DIR}/{series.directory.name}"

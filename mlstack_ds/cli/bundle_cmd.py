@@ -12,6 +12,7 @@ from mlstack_ds.bundle.make import BundleRequest, make_bundle
 from mlstack_ds.cli.options import (
     DEFAULT_RECIPE,
     DEFAULT_SOURCE,
+    BundleToOption,
     CacheDirOption,
     JsonOption,
     RecipeOption,
@@ -20,9 +21,6 @@ from mlstack_ds.cli.options import (
 )
 from mlstack_ds.console import make_output, print_records
 
-BundleToOption = Annotated[Path, typer.Option(
-    "--to", metavar="DIR", help="The bundle directory (made if absent; run again over it to complete it). DIR/simple "
-    "is a PEP 503 index, as `publish` writes.")]
 PythonVersionOption = Annotated[str | None, typer.Option(
     "--python-version", metavar="X.Y", help="The offline machine's Python (default: this one's).")]
 PlatformOption = Annotated[str | None, typer.Option(

@@ -221,6 +221,8 @@ def _to(kind: Any, metavar: str, what: str) -> Any:
 
 RefreshToOption = _to(str, "NAME|VERSION", "The new release's recipe.")  # patches refresh
 PublishToOption = _to(Path, "DIR", "The index directory (made if absent): DIR/simple is the PEP 503 index to serve.")
+BundleToOption = _to(Path, "DIR", "The bundle directory (made if absent; run again over it to complete it): "
+                     "DIR/simple is a PEP 503 index, as `publish` writes, so publish can add wheels to it.")
 
 # --- prebuilt wheels from a team's index: `install` and `doctor` (index/) ------------------------------------
 
@@ -232,8 +234,9 @@ IndexOption = Annotated[str | None, typer.Option(
 
 __all__ = [
     "DEFAULT_RECIPE", "DEFAULT_SOURCE", "INDEX_VARIABLE", "AnyTreeOption", "ArchOption", "BenchConfigOption",
-    "BenchHostfileOption", "BenchSeqLenOption", "BenchTimeoutOption", "CacheDirOption", "ConfigOutOption",
-    "DoctorConfigOption", "DoctorHostfileOption", "DraftOutOption", "DryRunOption", "GitCommitOption",
+    "BenchHostfileOption", "BenchSeqLenOption", "BenchTimeoutOption", "BundleToOption", "CacheDirOption",
+    "ConfigOutOption", "DoctorConfigOption", "DoctorHostfileOption", "DraftOutOption", "DryRunOption",
+    "GitCommitOption",
     "GitUrlOption", "IndexOption", "InstallHostfileOption", "JobsOption", "JsonOption", "MicroBatchOption",
     "NewTreeOption", "NoPatchesOption", "PublishToOption", "PythonOption", "RebuildOption", "RecipeOption",
     "RefreshToOption", "SeqLenOption", "SeriesOption", "Sha256Option", "SourceOption", "TreeOption",
