@@ -27,6 +27,7 @@ from pathlib import Path
 from packaging import tags
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from mlstack_ds import __version__
 from mlstack_ds.bundle.download import NEVER_BUNDLED, make_torch_stub, pip_download, pip_error, project_of
@@ -89,6 +90,10 @@ def default_torch(torch: str | None) -> str:
     """The torch the target brings: `--torch`, else the one installed beside this tool (metadata only: never
     imported), else a usage error (the manifest must say which torch the bundle was made for)."""
     if torch:
+        try:
+            Version(torch)
+        except InvalidVersion:
+            raise UsageError(f"--torch {torch!r} is not a version", hint="e.g. --torch 2.7.1") from None
         return torch
     try:
         return metadata.version("torch")

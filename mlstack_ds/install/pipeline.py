@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.build.wheel import BuildProgress, BuiltWheel, build_wheel, cached_wheel
+from mlstack_ds.bundle.manifest import read_manifest
 from mlstack_ds.bundle.offline import OfflineBundle, check_offline, here, pip_env
 from mlstack_ds.console import Output
 from mlstack_ds.detect import Environment
@@ -108,6 +109,8 @@ def prepare(request: InstallRequest) -> Prepared:
                              sha256=request.sha256)
     if request.offline is None:
         check_local_source(spec)
+    else:
+        read_manifest(request.offline)  # not a bundle at all: said at once, before detect starts the target
     archs = parse_arch_option(request.archs) if request.archs is not None else None
     detection = detect_with_target(python=request.python)
     environment = detection.environment

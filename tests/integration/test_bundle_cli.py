@@ -1,0 +1,181 @@
+"""`mlstack-ds bundle` for real on this machine (pip resolves and downloads from the package index), and
+`install --offline` refusing bundles that do not cover it, before anything changes.
+
+No test here builds DeepSpeed: a refusal comes before the plan, and an accepted bundle is shown by
+`install --offline --dry-run` (the plan, from the bundle's sdist). The full offline install in a network
+namespace is a later part of issue 41.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import CliResult, run_cli
+
+from mlstack_ds.patches.series import read_series_names
+from mlstack_ds.recipe import find_recipe
+
+HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
+OTHER = "3.12" if HERE != "3.12" else "3.11"
+TORCH = "2.13.0"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def bundle(to: Path, sdist: Path, *args: str) -> CliResult:
+    return run_cli("bundle", "--to", to, "--source", sdist, "--torch", TORCH, "--json", *args, columns=200,
+                   timeout=900)
+
+
+@pytest.fixture(scope="module")
+def made(deepspeed_sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One real bundle for this machine's Python and platform, shared by the module (do not modify; copy it)."""
+    to = tmp_path_factory.mktemp("bundle") / "bundle"
+    done = bundle(to, deepspeed_sdist)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return to, done.json["manifest"]
+
+
+def copy_of(made: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(made[0], copy)
+    return copy
+
+
+def tool_wheel(directory: Path) -> Path:
+    (wheel,) = (directory / "simple" / "mlstack-ds").glob("mlstack_ds-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_every_file_is_in_the_manifest_with_its_sha256_and_no_torch(made: tuple[Path, dict[str, Any]]) -> None:
+    to, manifest = made
+    listed = {f["path"]: f for f in manifest["files"]}
+    for rel, entry in listed.items():
+        assert sha256(to / rel) == entry["sha256"], rel
+        assert entry["why"], rel
+    on_disk = {p.relative_to(to).as_posix() for p in to.rglob("*") if p.is_file()}
+    unlisted = {p for p in on_disk - set(listed) if not p.endswith("index.html")}
+    assert unlisted == {"bundle.json", ".mlstack-ds-publish.lock"}
+    accelerator = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm"}
+    assert not [p for p in on_disk if p.split("/")[-1].lower().startswith(("torch-", "torch_", "triton-"))
+                or (p.startswith("simple/") and p.split("/")[1] in accelerator)], "torch is never bundled"
+    recipe = find_recipe()
+    assert manifest["torch"] == TORCH and manifest["target"]["python_version"] == HERE
+    assert manifest["sdist_sha256"] == recipe.sdist.sha256 == listed[f"sources/{recipe.sdist.filename}"]["sha256"]
+    assert [p["name"] for p in manifest["series"]] == read_series_names(recipe.series_path)
+    kinds = {f["kind"] for f in manifest["files"]}
+    assert kinds == {"tool", "runtime", "build", "sdist", "patch"}
+    projects = {f["project"] for f in manifest["files"]}
+    # DeepSpeed's runtime requirements (from its sdist), pydantic's own, the build's and the tool's.
+    assert {"hjson", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
+            "ninja", "setuptools", "wheel", "mlstack-ds", "typer", "rich", "unidiff", "requests"} <= projects
+    assert "hjson" in manifest["requested"]["runtime"] and manifest["requested"]["clients"] == []
+    page = (to / "simple" / "hjson" / "index.html").read_text()
+    assert "#sha256=" + listed[next(p for p in listed if p.startswith("simple/hjson/"))]["sha256"] in page
+
+
+@pytest.mark.slow
+def test_pip_reads_the_bundle_as_its_own_index(made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    to, manifest = made
+    digests = {f["sha256"] for f in manifest["files"]}
+    env = {"PATH": os.environ["PATH"], "PIP_CONFIG_FILE": os.devnull, "HOME": str(tmp_path)}
+    for how in (["--no-index", "--find-links", str(to / "simple" / "hjson"), "hjson"],
+                ["--index-url", (to / "simple").as_uri(), "pydantic"]):
+        dest = tmp_path / how[0].strip("-")
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-cache-dir", "--dest", str(dest), *how],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got = list(dest.iterdir())
+        assert got and all(sha256(p) in digests for p in got), [p.name for p in got]
+    assert {p.name.split("-")[0] for p in (tmp_path / "index-url").iterdir()} >= {"pydantic", "pydantic_core"}
+
+
+@pytest.mark.slow
+def test_a_bundle_missing_a_requirement_is_refused_up_front_then_completed(
+        made: tuple[Path, dict[str, Any]], deepspeed_sdist: Path, tmp_path: Path) -> None:
+    copy = copy_of(made, tmp_path)
+    (removed,) = (copy / "simple" / "hjson").glob("*.whl")
+    removed.unlink()
+    refused = run_cli("install", "--offline", copy, "--no-verify", columns=200, timeout=300)
+    assert refused.returncode == 7, refused.stderr[-3000:]
+    error, hint = refused.one_error()
+    assert "hjson" in error and removed.name in error and "nothing was installed" in error
+    assert f"mlstack-ds bundle --to {copy} --python-version {HERE}" in hint
+    assert "Planning" not in refused.stderr and "cache key" not in refused.stderr  # refused before the plan
+    completed = bundle(copy, deepspeed_sdist, "--tool-wheel", str(tool_wheel(made[0])))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert sha256(removed) == next(f["sha256"] for f in made[1]["files"] if f["path"].startswith("simple/hjson/"))
+    planned = run_cli("install", "--offline", copy, "--dry-run", "--json", columns=200, timeout=300)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    plan = planned.json["plan"]
+    assert plan["source"] == f"offline:{copy}" and plan["source_pin"] == find_recipe().sdist.sha256
+
+
+@pytest.mark.slow
+def test_a_bundle_for_another_python_is_refused_with_the_reason(
+        made: tuple[Path, dict[str, Any]], deepspeed_sdist: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    done = bundle(other, deepspeed_sdist, "--python-version", OTHER, "--platform", "manylinux_2_28_x86_64",
+                  "--tool-wheel", str(tool_wheel(made[0])))
+    assert done.returncode == 0, done.stderr[-3000:]
+    tag = "cp" + OTHER.replace(".", "")
+    assert [p.name for p in (other / "simple" / "pydantic-core").glob(f"*-{tag}-*.whl")]
+    refused = run_cli("install", "--offline", other, "--no-verify", "--json", columns=200, timeout=300)
+    assert refused.returncode == 7, refused.stderr[-3000:]
+    error, hint = refused.one_error()
+    assert f"made for Python {OTHER} ({tag})" in error and f"this target is Python {HERE}" in error
+    assert f"--python-version {HERE}" in hint
+    assert refused.json["error"]["exit_code"] == 7
+
+
+@pytest.mark.slow
+def test_a_bundle_that_fails_half_way_writes_no_manifest(deepspeed_sdist: Path, tmp_path: Path) -> None:
+    to = tmp_path / "bundle"
+    done = bundle(to, deepspeed_sdist, "--platform", "plan9_x86_64", "--tool-wheel", str(tmp_path / "absent.whl"))
+    assert done.returncode == 4, done.stderr[-3000:]
+    error, _hint = done.one_error()
+    assert "pip download for Python" in error and "plan9_x86_64" in error
+    assert not (to / "bundle.json").exists()
+    assert not [p for p in to.iterdir() if p.name.startswith(".bundle-staging-")]
+
+
+def test_bad_bundle_inputs_are_usage_errors_and_touch_nothing(tmp_path: Path) -> None:
+    to = tmp_path / "bundle"
+    for args, says in ((["--python-version", "3"], "--python-version '3'"),
+                       (["--platform", "any"], "--platform 'any'"),
+                       (["--source", "git", "--torch", TORCH], "not a git clone or a directory"),
+                       (["--torch", "latest", "--source", str(tmp_path)], "--torch 'latest'")):
+        done = run_cli("bundle", "--to", to, *args, columns=200, timeout=120)
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        error, _hint = done.one_error()
+        assert says in error, error
+        assert not to.exists(), args
+
+
+def test_install_offline_refuses_what_is_not_a_bundle_and_other_sources(tmp_path: Path) -> None:
+    done = run_cli("install", "--offline", tmp_path, "--dry-run", "--json", columns=200, timeout=300)
+    assert done.returncode == 2 and "is not a bundle (no bundle.json)" in done.one_error()[0]
+    assert json.loads(done.stdout)["error"]["exit_code"] == 2
+    for args in (["--source", "git"], ["--index", str(tmp_path)], ["--hostfile", str(tmp_path / "h")]):
+        clash = run_cli("install", "--offline", tmp_path, *args, columns=200, timeout=120)
+        assert clash.returncode == 2, clash.stderr[-2000:]
+        assert "cannot be used with it" in clash.one_error()[0]
+
+
+def test_bundle_help_explains_the_command() -> None:
+    done = run_cli("bundle", "--help", columns=200, timeout=60)
+    assert done.returncode == 0
+    for text in ("--python-version", "--platform", "--with-clients", "--torch", "--tool-wheel", "torch is never",
+                 "install --offline"):
+        assert text in done.stdout, text
