@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.utils import canonicalize_name
 from support.cli import CliResult, run_cli
 
 from mlstack_ds.patches.series import read_series_names
@@ -179,3 +180,45 @@ def test_bundle_help_explains_the_command() -> None:
     for text in ("--python-version", "--platform", "--with-clients", "--torch", "--tool-wheel", "torch is never",
                  "install --offline"):
         assert text in done.stdout, text
+
+
+def no_network() -> list[str]:
+    """`unshare -n`: a fresh network namespace with only a down loopback, so nothing can be fetched."""
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare -n is not allowed here ({probe.stderr.decode().strip()}): needs root or user namespaces")
+    return ["unshare", "-n"]
+
+
+@pytest.mark.slow
+def test_with_no_network_at_all_the_tool_and_deepspeeds_requirements_install_from_the_bundle(
+        made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """What the offline node does before `install --offline`, and the pip step inside it, in a network namespace
+    with no network: the tool from DIR/simple (pip's own options), then DeepSpeed's runtime and build requirements
+    with exactly the options and environment `install --offline` gives pip; and `install --offline --dry-run`
+    (detect, the bundle check, the plan from the bundle's sdist)."""
+    from mlstack_ds.bundle.manifest import read_manifest
+    from mlstack_ds.bundle.offline import OfflineBundle, pip_env
+
+    offline = no_network()
+    to, manifest = made
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull}
+    tool = subprocess.run([*offline, python, "-m", "pip", "install", "--index-url", (to / "simple").as_uri(),
+                           "mlstack-ds"], capture_output=True, text=True, timeout=300, env=env)
+    assert tool.returncode == 0, tool.stderr[-2000:]
+    bundle = OfflineBundle(to, read_manifest(to), to / "sources")
+    requirements = [*manifest["requested"]["runtime"], *manifest["requested"]["build"]]
+    deps = subprocess.run([*offline, python, "-m", "pip", "install", *bundle.pip_args(), *requirements],
+                          capture_output=True, text=True, timeout=600, env=pip_env(env))
+    assert deps.returncode == 0, deps.stderr[-2000:]
+    listed = subprocess.run([python, "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"],
+                            capture_output=True, text=True, timeout=120, env=env, check=True)
+    names = {canonicalize_name(p["name"]) for p in json.loads(listed.stdout.splitlines()[0])}
+    assert {"mlstack-ds", "hjson", "pydantic", "pydantic-core", "ninja", "setuptools", "wheel"} <= names
+    assert "torch" not in names
+    planned = run_cli("install", "--offline", to, "--dry-run", "--json", prefix=offline, columns=200, timeout=300)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert planned.json["plan"]["source"] == f"offline:{to}"
