@@ -222,3 +222,20 @@ def test_with_no_network_at_all_the_tool_and_deepspeeds_requirements_install_fro
     planned = run_cli("install", "--offline", to, "--dry-run", "--json", prefix=offline, columns=200, timeout=300)
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert planned.json["plan"]["source"] == f"offline:{to}"
+
+
+@pytest.mark.slow
+def test_clients_are_bundled_without_the_torch_they_require(made: tuple[Path, dict[str, Any]],
+                                                            deepspeed_sdist: Path, tmp_path: Path) -> None:
+    """accelerate, peft and Lightning require torch: pip resolves them against the stand-in, and no torch (nor
+    triton, nor an nvidia-* wheel of a CUDA torch's) lands in the bundle."""
+    copy = copy_of(made, tmp_path)
+    done = bundle(copy, deepspeed_sdist, "--with-clients", "--tool-wheel", str(tool_wheel(made[0])))
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = done.json["manifest"]
+    clients = (Path(__file__).resolve().parents[2] / "requirements" / "clients.txt").read_text().splitlines()
+    assert manifest["requested"]["clients"] == [c for c in clients if c and not c.startswith("#")]
+    projects = {f["project"] for f in manifest["files"]}
+    assert {"transformers", "accelerate", "peft", "lightning", "hjson"} <= projects
+    assert not {p for p in projects if p in {"torch", "triton", "pytorch-triton-rocm"} or p.startswith("nvidia-")}
+    assert not list(copy.rglob("torch-*")) and not list(copy.rglob("triton-*"))
