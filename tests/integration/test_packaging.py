@@ -1,4 +1,5 @@
-"""The wheel carries what the installed tool needs: patches, recipes and the GPU catalog."""
+"""The wheel carries what the installed tool needs: patches, recipes, the requirement files (`bundle
+--with-clients` reads clients.txt) and the GPU catalog."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_ships_patches_recipes_and_catalog(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "mlstack_ds/gfx_targets.toml" in names
-    for kind in ("patches", "recipes"):
+    for kind in ("patches", "recipes", "requirements"):
         shipped = {f.relative_to(REPO / kind).as_posix() for f in (REPO / kind).rglob("*") if f.is_file()}
         assert shipped, kind
         assert {f"mlstack_ds/_data/{kind}/{rel}" for rel in shipped} <= names
