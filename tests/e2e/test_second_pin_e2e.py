@@ -55,5 +55,6 @@ def test_second_pin_passes_the_whole_verify_suite(installed_next_target: tuple[T
     assert skipped == NOT_BUILT_ON_CPU, statuses
     # The checks users rely on most, by name: a suite that lost them would still be "ok".
     for name in ("zero1", "zero2", "zero3", "zero3_offload", "checkpoint", "nvme_offload", "pipeline",
-                 "activation_checkpointing", "hf_trainer", "amd_specific"):
+                 "activation_checkpointing", "hf_trainer", "accelerate_deepspeed", "lora_zero3", "lora_zero3_peft",
+                 "amd_specific"):
         assert statuses[name] == "pass", (name, statuses)
