@@ -10,8 +10,6 @@ finished by running it again, and `publish --to DIR` can add prebuilt DeepSpeed 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -19,7 +17,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -42,7 +40,7 @@ from mlstack_ds.bundle.manifest import (
     write_manifest,
 )
 from mlstack_ds.errors import BuildError, EnvironmentProblem, FetchError, ToolError, UsageError
-from mlstack_ds.index.publish import LOCK_NAME, regenerate
+from mlstack_ds.index.publish import locked_directory, regenerate, write_text_atomically
 from mlstack_ds.index.simple import PROJECT, project_page, root_page
 from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.recipe import find_recipe
@@ -115,7 +113,7 @@ def make_bundle(request: BundleRequest, status: Callable[[str], None] = lambda _
     status(f"the pinned sdist of {recipe.name} (sha256 {recipe.sdist.sha256[:16]}...)")
     archive = fetch_archive(recipe, spec, request.cache_dir)
     runtime = sdist_requirements(archive)
-    with _locked(to):
+    with locked_directory(to, "bundle"):
         _refuse_other_target(to, target)
         staging = Path(tempfile.mkdtemp(prefix=".bundle-staging-", dir=to))
         try:
@@ -187,20 +185,6 @@ def command_line(to: Path, target: BundleTarget, recipe: str, torch: str, reques
     if request.source != "pypi":
         parts += ["--source", request.source]
     return " ".join(parts)
-
-
-@contextlib.contextmanager
-def _locked(to: Path) -> Iterator[None]:
-    """One writer at a time: the same lock as `publish`, which may add wheels to the same directory."""
-    try:
-        to.mkdir(parents=True, exist_ok=True)
-        handle = (to / LOCK_NAME).open("a")
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot write the bundle in {to}: {exc.strerror or exc}",
-                                 hint="choose a writable --to directory") from exc
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
 
 
 def _refuse_other_target(to: Path, target: BundleTarget) -> None:
@@ -303,19 +287,12 @@ def write_pages(simple: Path) -> None:
     for project in sorted(d for d in simple.iterdir() if d.is_dir() and d.name != PROJECT):
         files = [(p.name, sha256_of(p), None) for p in sorted(project.iterdir())
                  if p.is_file() and p.name != "index.html" and not p.name.startswith(".")]
-        _write_text(project / "index.html", project_page(project.name, files))
+        write_text_atomically(project / "index.html", project_page(project.name, files))
     if (simple / PROJECT).is_dir():
         regenerate(simple)
         return
     projects = [d.name for d in simple.iterdir() if d.is_dir() and (d / "index.html").is_file()]
-    _write_text(simple / "index.html", root_page(projects))
-
-
-def _write_text(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.chmod(partial, 0o644)
-    os.replace(partial, path)
+    write_text_atomically(simple / "index.html", root_page(projects))
 
 
 def file_digests(directory: Path, manifest: Manifest) -> Mapping[str, str]:

@@ -8,17 +8,15 @@ manifest or the previous one, whose files are all still there (a bundle only eve
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlstack_ds.errors import UsageError
+from mlstack_ds.index.publish import write_text_atomically
 
 SCHEMA = 1
 MANIFEST_NAME = "bundle.json"
@@ -160,14 +158,5 @@ def parse_manifest(data: Any) -> Manifest:
 def write_manifest(directory: Path, manifest: Manifest) -> Path:
     """Write the manifest atomically (a temporary name, then a rename): readers see the old one or the new one."""
     path = manifest_path(directory)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{MANIFEST_NAME}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(manifest.to_json(), handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    write_text_atomically(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
     return path

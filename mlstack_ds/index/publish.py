@@ -67,12 +67,14 @@ def published_document(record: Mapping[str, Any], filename: str, version: str, d
 
 
 @contextlib.contextmanager
-def _locked(to: Path) -> Iterator[None]:
+def locked_directory(to: Path, what: str = "index") -> Iterator[None]:
+    """One writer at a time in `to` (made if absent): `publish` and `bundle` take the same lock, since either may
+    add files to a directory the other wrote. `what` names the directory in the error."""
     try:
         to.mkdir(parents=True, exist_ok=True)
         handle = (to / LOCK_NAME).open("a")
     except OSError as exc:
-        raise EnvironmentProblem(f"cannot write the index in {to}: {exc.strerror or exc}",
+        raise EnvironmentProblem(f"cannot write the {what} in {to}: {exc.strerror or exc}",
                                  hint="choose a writable --to directory") from exc
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -89,7 +91,7 @@ def publish_wheel(wheel: Path, record: Mapping[str, Any], to: Path) -> Published
         filename = wheel_filename(wheel.name, version)
     except (OSError, KeyError, WheelProblem) as exc:
         raise UsageError(f"{wheel} is not a readable wheel ({exc})", hint="rebuild it (--rebuild)") from None
-    with _locked(to):
+    with locked_directory(to):
         project = simple_dir(to) / PROJECT
         target = project / filename
         plan_file = project / (filename + PLAN_SUFFIX)
@@ -100,7 +102,7 @@ def publish_wheel(wheel: Path, record: Mapping[str, Any], to: Path) -> Published
                 regenerate(simple_dir(to))
                 return Published(target, existing, version, "already published")
             digest = _write_wheel(wheel, target, version)
-            _write_text(plan_file, json.dumps(published_document(record, filename, version, digest), indent=2,
+            write_text_atomically(plan_file, json.dumps(published_document(record, filename, version, digest), indent=2,
                                               sort_keys=True) + "\n")
             regenerate(simple_dir(to))
         except OSError as exc:
@@ -143,7 +145,8 @@ def _write_wheel(wheel: Path, target: Path, version: str) -> str:
     return digest
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text_atomically(path: Path, text: str) -> None:
+    """`text` at `path` through a temporary name and a rename: a reader sees the old file or the new one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -163,6 +166,6 @@ def regenerate(simple: Path) -> None:
     for wheel in sorted(project.glob("*.whl")):
         plan = wheel.with_name(wheel.name + PLAN_SUFFIX)
         files.append((wheel.name, file_sha256(wheel), file_sha256(plan) if plan.is_file() else None))
-    _write_text(project / "index.html", project_page(PROJECT, files))
+    write_text_atomically(project / "index.html", project_page(PROJECT, files))
     projects = [d.name for d in simple.iterdir() if d.is_dir() and (d / "index.html").is_file()]
-    _write_text(simple / "index.html", root_page(projects))
+    write_text_atomically(simple / "index.html", root_page(projects))
