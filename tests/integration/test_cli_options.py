@@ -30,7 +30,8 @@ def test_shared_options_are_one_declaration_everywhere() -> None:
         assert declared, option
         signatures = {(p.help, p.metavar, p.default) for p in declared}  # type: ignore[attr-defined]
         assert len(signatures) == 1, (option, signatures)
-    assert {path for path, c in commands.items() if "--source" in command_options(c)} == {"install", "build", "fetch"}
+    assert {path for path, c in commands.items() if "--source" in command_options(c)} == {"install", "build", "fetch",
+                                                                                       "bundle"}
     assert {path for path, c in commands.items() if "--python" in command_options(c)} >= {
         "detect", "doctor", "install", "build", "verify", "status", "rollback", "uninstall"}
 
