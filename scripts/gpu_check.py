@@ -495,8 +495,8 @@ def client_pins() -> list[str]:
 
 # Requirements of the clients that a GPU image may lack or hold too old, which gpu_wheels.sh adds and the clients
 # step installs beside them, from those very files: regex (transformers 5.23 needs >= 2025.10.22), and Lightning's
-# own two (the image's torch brings the rest).
-CLIENT_REQUIREMENT_WHEELS = ("regex", "lightning_utilities", "torchmetrics")
+# own three (the image's torch brings the rest).
+CLIENT_REQUIREMENT_WHEELS = ("regex", "lightning_utilities", "torchmetrics", "pytorch_lightning")
 
 
 def client_names() -> list[str]:

@@ -76,9 +76,10 @@ echo "gpu_wheels: the clients verify's client checks run (requirements/clients.t
 # Their own requirements (huggingface-hub, tokenizers, safetensors, ...) come with a GPU image's transformers;
 # torch is never downloaded (accelerate requires it: gpu_check.py holds the machine's).
 mapfile -t CLIENTS < <(grep -v '^#' requirements/clients.txt | grep .)
-# regex: transformers needs a recent one (>= 2025.10.22 for 5.23) that an older image may lack; lightning-utilities
-# and torchmetrics: Lightning's own (gpu_check.py CLIENT_REQUIREMENT_WHEELS installs these three beside the clients).
-"${BINARY[@]}" "${CLIENTS[@]}" regex lightning-utilities torchmetrics \
+# regex: transformers needs a recent one (>= 2025.10.22 for 5.23) that an older image may lack; lightning-utilities,
+# torchmetrics and pytorch-lightning: Lightning's own (gpu_check.py CLIENT_REQUIREMENT_WHEELS installs them beside
+# the clients).
+"${BINARY[@]}" "${CLIENTS[@]}" regex lightning-utilities torchmetrics "pytorch-lightning==$(sed -n 's/^lightning==//p' requirements/clients.txt)" \
   || fail "pip could not download ${CLIENTS[*]}" "check the network"
 
 echo "gpu_wheels: $DIR holds"

@@ -103,8 +103,10 @@ def test_full_suite_on_two_cpu_ranks(target_venv, install_verify_report) -> None
         assert hf[stage]["max_loss_deviation"] <= 1e-5
         assert hf[stage]["param_relative_distance"] <= hf_checks.HF_PARAM_RTOL
     assert hf["plain"]["losses"][-1] < hf["plain"]["losses"][0] - 0.1  # it trains visibly
-    # The target has every client of requirements/clients.txt, at its pin, and the report says so.
-    assert report["clients"] == dict(line.split("==") for line in CLIENT_PACKAGES)
+    # The target has every client of requirements/clients.txt, at its pin, and the report says so (with
+    # pytorch-lightning, which lightning 2.6.6 requires, beside them).
+    pinned = dict(line.split("==") for line in CLIENT_PACKAGES)
+    assert {name: report["clients"].get(name) for name in pinned} == pinned, report["clients"]
     assert checks["lora_zero3_peft"]["details"]["peft"] == report["clients"]["peft"]
     # Lightning asked and refusing the CPU, in its own words: the skip is measured, not assumed.
     lightning = checks["lightning_deepspeed"]["reason"]
