@@ -111,9 +111,15 @@ def check_accelerate_deepspeed(ctx):
     details = {"accelerate": acc_mod["accelerate"].__version__, "steps": ACC_STEPS, "rtol": ACC_LOSS_RTOL}
     if on_cpu:
         details["cpu_backend"] = CPU_BACKEND_NOTE
+    return each_zero_stage(details, lambda stage: train_through_accelerate(ctx, acc_mod, stage, on_cpu))
+
+
+def each_zero_stage(details, train):
+    """`train(stage)` -> (details, problems) at ZeRO-2 and ZeRO-3, gathered into `details` under zero2/zero3:
+    the details, or CheckFailed with every stage's problems (a framework's check: accelerate's, Lightning's)."""
     problems = []
     for stage in (2, 3):
-        found, more = train_through_accelerate(ctx, acc_mod, stage, on_cpu)
+        found, more = train(stage)
         details[f"zero{stage}"] = found
         problems += more
     if problems:

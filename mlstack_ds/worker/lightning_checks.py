@@ -13,10 +13,18 @@ from __future__ import annotations
 import importlib
 import os
 
-from .accelerate_checks import ACC_CLIP, ACC_LR, ACC_MICRO_BATCH, ACC_STEPS, regression_data, small_model
+from .accelerate_checks import (
+    ACC_CLIP,
+    ACC_LR,
+    ACC_MICRO_BATCH,
+    ACC_STEPS,
+    each_zero_stage,
+    regression_data,
+    small_model,
+)
 from .context import accelerator, close
 from .hf_checks import restored_environ
-from .protocol import Check, CheckFailed, SkipCheck
+from .protocol import Check, SkipCheck
 
 PL_LOSS_RTOL = 1e-5  # fp32, the same arithmetic: 0.0 measured on 2 CPU ranks with the refusal lifted (tests)
 CPU_REFUSAL = "only supported on CUDA GPUs"  # Lightning's refusal, the part every 2.x release words the same
@@ -143,14 +151,7 @@ def check_lightning_deepspeed(ctx):
     pl, strategy_class = import_lightning(ctx.torch)
     on_cpu = accelerator()._name == "cpu"
     details = {"lightning": pl.__version__, "steps": ACC_STEPS, "rtol": PL_LOSS_RTOL}
-    problems = []
-    for stage in (2, 3):
-        found, more = train_through_lightning(ctx, pl, strategy_class, stage, on_cpu)
-        details[f"zero{stage}"] = found
-        problems += more
-    if problems:
-        raise CheckFailed("; ".join(problems), details)
-    return details
+    return each_zero_stage(details, lambda stage: train_through_lightning(ctx, pl, strategy_class, stage, on_cpu))
 
 
 CHECKS = (
