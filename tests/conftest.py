@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, BackgroundInstall
+from support.cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, AirGap, BackgroundInstall
 from support.e2e import Target
 from support.pins import TORCH_PIN
 from support.target_env import (
@@ -130,15 +130,19 @@ def cold_install_next(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
                       cold_install: BackgroundInstall | None):
     """The second pin's cold `mlstack-ds install --deepspeed-version 0.19.8`, started when the first
     install ends (or now, when no selected test needs the first); None when no selected test needs it.
-    Its own cache, so the default pin's tests that break or fill their cache never meet it (with
-    MLSTACK_E2E_CACHE set, the directory beside it named `<it>-next`, reused like it)."""
+    It is the air-gapped install too: from a bundle, with `--offline`, in a network namespace with no route
+    out (support/cold_install.py). Its own cache, so the default pin's tests that break or fill their cache
+    never meet it (with MLSTACK_E2E_CACHE set, the directory beside it named `<it>-next`, reused like it)."""
     if not any(needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE) for item in request.session.items):
         yield None
         return
     reused = os.environ.get("MLSTACK_E2E_CACHE")
     cache = Path(f"{reused}-next") if reused else tmp_path_factory.mktemp("mlstack-cache-next")
+    air_gap = AirGap(tmp_path_factory.mktemp("next-bundle") / "bundle", f"deepspeed-{DS_NEXT_VERSION}",
+                     cached_deepspeed_sdist(DS_NEXT_VERSION, DS_NEXT_SDIST_SHA256))
     install = BackgroundInstall(tmp_path_factory.mktemp("next-target") / "venv", cache,
-                                install_args=("--deepspeed-version", DS_NEXT_VERSION), after=cold_install).start()
+                                install_args=("--deepspeed-version", DS_NEXT_VERSION), after=cold_install,
+                                air_gap=air_gap).start()
     yield install
     install.stop()
 
@@ -226,14 +230,24 @@ def installed_target(cold_install: BackgroundInstall | None, e2e_cache: Path) ->
 
 @pytest.fixture(scope="session")
 def installed_next_target(cold_install_next: BackgroundInstall | None) -> tuple[Target, dict]:
-    """The second pin (DeepSpeed 0.19.8, recipes/deepspeed-0.19.8.toml) installed by `mlstack-ds install`
-    into a venv like `installed_target`'s, and the install's `--json` document (plan, receipt, verify)."""
+    """The second pin (DeepSpeed 0.19.8, recipes/deepspeed-0.19.8.toml) installed by `mlstack-ds install
+    --offline` into a venv like `installed_target`'s, and the install's `--json` document (plan, receipt,
+    verify). `air_gapped_next_install` has the bundle and the network namespace's account."""
     assert cold_install_next is not None, "tests/conftest.py starts the second pin's install for its tests"
     result = cold_install_next.wait()
     sys.stderr.write(f"\n[installed_next_target] cold install finished {cold_install_next.seconds:.0f} s after "
                      "it started\n")
     assert result.returncode == 0, result.stderr[-3000:]
     return cold_install_next.target, json.loads(result.stdout)
+
+
+@pytest.fixture(scope="session")
+def air_gapped_next_install(installed_next_target: tuple[Target, dict],
+                            cold_install_next: BackgroundInstall | None) -> BackgroundInstall:
+    """The second pin's install as an air-gapped one: its bundle (`.air_gap`, `.bundle`), whether it ran with
+    no network (`.isolated`) and its stderr (`.wait()`)."""
+    assert cold_install_next is not None and cold_install_next.air_gap is not None
+    return cold_install_next
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,10 @@
 """The second pin, DeepSpeed 0.19.8, installed and verified for real on this CPU machine: the same cold
 `mlstack-ds install` as the default pin's, chosen by version (`--deepspeed-version 0.19.8`). Its series
 drops the backports 0.19.8 already has (0001-0005), so the ZeRO-3 checks passing here is upstream's own
-fix at work."""
+fix at work.
+
+It is also the air-gapped install (issue 41): `mlstack-ds bundle` first, then `install --offline DIR`, built,
+installed and verified in a network namespace with no route out (support/cold_install.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.cold_install import ROUTES_LINE, BackgroundInstall
 from support.e2e import FIRST_USE, NEXT_PIN_CPU_SKIPS, Target
 
 from mlstack_ds.patches.series import read_series_names
@@ -58,3 +62,27 @@ def test_second_pin_passes_the_whole_verify_suite(installed_next_target: tuple[T
                  "activation_checkpointing", "hf_trainer", "accelerate_deepspeed", "lora_zero3", "lora_zero3_peft",
                  "amd_specific"):
         assert statuses[name] == "pass", (name, statuses)
+
+
+def test_second_pin_was_built_installed_and_verified_from_its_bundle_with_no_network(
+        air_gapped_next_install: BackgroundInstall, installed_next_target: tuple[Target, dict]) -> None:
+    """The air-gapped machine's whole install: the bundle is the only source (pip held to it), the build ran
+    from the bundle's sdist (a cold build, not a cached wheel), and it all happened where no route leads out."""
+    install = air_gapped_next_install
+    assert install.air_gap is not None and install.bundle is not None
+    bundle = install.air_gap.directory
+    manifest = install.bundle.json["manifest"]
+    recipe = find_recipe("deepspeed-0.19.8")
+    assert manifest["recipe"] == recipe.name and manifest["sdist_sha256"] == recipe.sdist.sha256
+    _, document = installed_next_target
+    assert document["plan"]["source"] == f"offline:{bundle}"
+    assert document["receipt"]["source"] == f"offline:{bundle}"
+    assert document["verify"]["ok"] is True
+    stderr = install.wait().stderr
+    # Built here from the bundle's sdist (a cold cache), not a cached wheel; a local run that reuses its cache
+    # (MLSTACK_E2E_CACHE) may find the wheel of an earlier run instead.
+    assert "built in " in stderr or os.environ.get("MLSTACK_E2E_CACHE"), stderr[-3000:]
+    if not install.isolated:
+        pytest.skip("this machine cannot make a network namespace (unshare -n): the install ran --offline "
+                    "with the network there")
+    assert f"{ROUTES_LINE} 0" in stderr.splitlines(), stderr[:2000]

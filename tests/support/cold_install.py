@@ -13,6 +13,11 @@ pointing pip at an empty mirror, in tests/integration/test_source_fetch.py). So 
 environment when it is made, at the start of the session, and its pip and its `mlstack-ds install` get that copy,
 never os.environ as it is at the moment they start: CI's run of 72dc275 made the second pin's venv during such a
 test and pip said "Cannot install torch==2.13.0 because these package versions have conflicting dependencies".
+
+The second pin's install is also the suite's air-gapped install (issue 41), so that proof costs no build of its
+own: `mlstack-ds bundle` makes the bundle for 0.19.8 first (online, like the machine with network access), then
+`mlstack-ds install --offline DIR` builds, installs and verifies in a network namespace of its own, with only
+loopback up (verify's ranks talk over it) and no route out, into the venv that already has the CPU torch.
 """
 
 from __future__ import annotations
@@ -22,25 +27,55 @@ import os
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from .cli import CliResult, start_cli
+from .cli import CliResult, run_cli, start_cli
 from .e2e import Target
-from .pins import CLIENT_PACKAGES, TORCH_PIN
+from .pins import CLIENT_PACKAGES, TORCH_PIN, TORCH_VERSION
 from .target_env import make_venv
 
 INSTALLED_TARGET_FIXTURE = "installed_target"
 INSTALLED_NEXT_TARGET_FIXTURE = "installed_next_target"
+# Printed on stderr by the network namespace's shell before the install starts: the number of routes it has.
+ROUTES_LINE = "mlstack-tests: routes in this network namespace:"
+
+
+@dataclass(frozen=True)
+class AirGap:
+    """Install from a bundle made at `directory` of `recipe`'s pinned `sdist` (`bundle --source`), with no network
+    when this machine lets the tests make a network namespace (`unshare -n`: root or user namespaces)."""
+
+    directory: Path
+    recipe: str
+    sdist: Path
+
+
+def network_namespace() -> tuple[str, ...]:
+    """The prefix that runs a command in a new network namespace with loopback up and nothing else, saying its
+    route count on stderr first; () where namespaces cannot be made (the offline-proof test then skips)."""
+    try:
+        probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if probe.returncode != 0:
+        return ()
+    script = f'ip link set lo up && echo "{ROUTES_LINE} $(ip route show | wc -l)" >&2 && exec "$@"'
+    return ("unshare", "-n", "sh", "-c", script, "network-namespace")
 
 
 class BackgroundInstall:
     """Make the target venv (`requirements`: torch pinned, plus the Hugging Face clients verify's hf_trainer check
     uses), then run `mlstack-ds install --json` into it, on a daemon thread; `wait()` returns the result."""
 
-    def __init__(self, venv: Path, cache: Path, install_args: tuple[str, ...] = (),
+    def __init__(self, venv: Path, cache: Path, install_args: tuple[str, ...] = (), *,
                  after: BackgroundInstall | None = None,
-                 requirements: tuple[str, ...] = (TORCH_PIN, *CLIENT_PACKAGES)) -> None:
+                 requirements: tuple[str, ...] = (TORCH_PIN, *CLIENT_PACKAGES),
+                 air_gap: AirGap | None = None) -> None:
         self.target = Target(venv, cache)
+        self.air_gap = air_gap
+        self.bundle: CliResult | None = None  # `bundle --json`'s result, with an air gap
+        self.isolated = False  # whether the install ran in a network namespace with no route out
         self._env = dict(os.environ)  # as it is now, not as a test running later may have changed it
         self._requirements = requirements
         self._install_args = install_args
@@ -68,15 +103,29 @@ class BackgroundInstall:
             make_venv(self.target.venv, *self._requirements, env=self._env)
             if self._stopped.is_set():
                 return
+            args, prefix = self._install_args, ("nice", "-n", "10")
+            if self.air_gap is not None:
+                self.bundle = self._make_bundle(self.air_gap)
+                namespace = network_namespace()
+                self.isolated = bool(namespace)
+                args, prefix = (*args, "--offline", self.air_gap.directory), (*namespace, *prefix)
             self._proc = start_cli("install", "--python", self.target.python, "--cache-dir", self.target.cache,
-                                   *self._install_args, "--json", prefix=("nice", "-n", "10"), columns=200,
-                                   base_env=self._env)
+                                   *args, "--json", prefix=prefix, columns=200, base_env=self._env)
             out, err = self._proc.communicate()
             self._result = CliResult(self._proc.args, self._proc.returncode, out, err)
         except BaseException as exc:  # handed to the waiting test, which fails with it
             self._error = exc
         finally:
             self.seconds = time.monotonic() - self.started_at
+
+    def _make_bundle(self, air_gap: AirGap) -> CliResult:
+        """`mlstack-ds bundle` for the target's Python and platform (this machine's) and torch: the step on the
+        machine with network access."""
+        made = run_cli("bundle", "--to", air_gap.directory, "--recipe", air_gap.recipe, "--source", air_gap.sdist,
+                       "--torch", TORCH_VERSION, "--json", columns=200, timeout=1200, base_env=self._env)
+        if made.returncode != 0:
+            raise RuntimeError(f"mlstack-ds bundle failed ({made.returncode}): {made.stderr[-3000:]}")
+        return made
 
     def wait(self, timeout: float = 3600) -> CliResult:
         self._thread.join(timeout)
