@@ -5,7 +5,8 @@ and the manifest, all in one directory that is also a PEP 503 index (`DIR/simple
 Why this order and these rules: every file is downloaded into a staging directory inside DIR and renamed into
 place whole; pages are rewritten from what DIR holds; the manifest comes last. Run again over the same DIR, a
 bundle keeps what is there (same name, same sha256) and adds what is missing, so a failed or partial run is
-finished by running it again, and `publish --to DIR` can add prebuilt DeepSpeed wheels beside.
+finished by running it again. Prebuilt DeepSpeed wheels (`--prebuilt`, or `publish --to DIR`) are published
+into DIR/simple/deepspeed with their plans, as `publish` does, and listed in the manifest.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from packaging import tags
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from mlstack_ds import __version__
@@ -40,8 +41,14 @@ from mlstack_ds.bundle.manifest import (
     write_manifest,
 )
 from mlstack_ds.errors import BuildError, EnvironmentProblem, FetchError, ToolError, UsageError
-from mlstack_ds.index.publish import locked_directory, regenerate, write_text_atomically
-from mlstack_ds.index.simple import PROJECT, project_page, root_page
+from mlstack_ds.index.publish import (
+    Publishable,
+    locked_directory,
+    publish_locked,
+    regenerate,
+    write_text_atomically,
+)
+from mlstack_ds.index.simple import PLAN_SUFFIX, PROJECT, project_page, root_page
 from mlstack_ds.patches import series_for_recipe
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.resources import PACKAGE_DIR, data_dir
@@ -72,6 +79,7 @@ class BundleRequest:
     with_clients: bool = False
     cache_dir: Path | None = None
     tool_wheel: Path | None = None
+    prebuilt: tuple[Publishable, ...] = ()  # DeepSpeed wheels mlstack-ds built, found in its cache (`--prebuilt`)
     python: str = sys.executable  # whose pip resolves and downloads (the target's is on another machine)
 
 
@@ -113,6 +121,8 @@ def make_bundle(request: BundleRequest, status: Callable[[str], None] = lambda _
     status(f"the pinned sdist of {recipe.name} (sha256 {recipe.sdist.sha256[:16]}...)")
     archive = fetch_archive(recipe, spec, request.cache_dir)
     runtime = sdist_requirements(archive)
+    for item in request.prebuilt:
+        check_prebuilt_python(item, target)
     with locked_directory(to, "bundle"):
         _refuse_other_target(to, target)
         staging = Path(tempfile.mkdtemp(prefix=".bundle-staging-", dir=to))
@@ -153,6 +163,10 @@ def make_bundle(request: BundleRequest, status: Callable[[str], None] = lambda _
                     why = (f"requested: {what}" if project in names or (kind == "tool" and project == "mlstack-ds")
                            else f"a dependency pip resolved for {what}")
                     _add(entries, to, rel, kind, project, version=version, why=why)
+            for item in request.prebuilt:
+                status(f"adding the prebuilt {item.wheel.name}")
+                publish_locked(item, to)
+            _add_prebuilt(entries, to)
             write_pages(to / SIMPLE_DIR)
             bundled = {canonicalize_name(f.project) for f in entries.values()}
             assert not bundled & NEVER_BUNDLED, bundled & NEVER_BUNDLED
@@ -185,6 +199,34 @@ def command_line(to: Path, target: BundleTarget, recipe: str, torch: str, reques
     if request.source != "pypi":
         parts += ["--source", request.source]
     return " ".join(parts)
+
+
+def check_prebuilt_python(item: Publishable, target: BundleTarget) -> None:
+    """A prebuilt wheel for another Python than the bundle's would never be chosen there: said now, before DIR
+    is touched, not found out on the offline machine."""
+    wheel_tags = parse_wheel_filename(item.wheel.name)[3]
+    python_tag = "cp" + target.python_version.replace(".", "")
+    if not any(t.interpreter in (python_tag, "py3") for t in wheel_tags):
+        made_for = ", ".join(sorted({t.interpreter for t in wheel_tags}))
+        raise UsageError(f"--prebuilt {item.wheel.name} is for {made_for}, "
+                         f"and the bundle is for {target.describe()}; nothing was written",
+                         hint="build the wheel with the offline machine's Python (mlstack-ds build there, or a "
+                         "machine like it), or leave --prebuilt out: install --offline builds from the sdist")
+
+
+def _add_prebuilt(entries: dict[str, BundleFile], to: Path) -> None:
+    """DeepSpeed wheels in DIR (`--prebuilt`, or `publish --to DIR` before this run) and their plan files join
+    the manifest, so the offline machine checks them like every other file; install --offline takes one that
+    fits its plan (the index rules of `install --index`)."""
+    project = to / SIMPLE_DIR / PROJECT
+    for path in sorted(project.glob("*.whl")) if project.is_dir() else []:
+        version = project_of(path.name)[1]
+        _add(entries, to, f"{SIMPLE_DIR}/{PROJECT}/{path.name}", "prebuilt", PROJECT, version=version,
+             why="a DeepSpeed wheel mlstack-ds built, with its plan: install --offline takes it when it fits")
+        plan = path.with_name(path.name + PLAN_SUFFIX)
+        if plan.is_file():
+            _add(entries, to, f"{SIMPLE_DIR}/{PROJECT}/{plan.name}", "prebuilt", PROJECT, version=version,
+                 why=f"the plan {path.name} was built from")
 
 
 def _refuse_other_target(to: Path, target: BundleTarget) -> None:

@@ -24,7 +24,7 @@ _PYTHON_VERSION = re.compile(r"^3\.(\d{1,2})$")
 _PLATFORM = re.compile(r"^[a-z0-9_]+$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # What each group of files is for; `why` of a file says more.
-KINDS = ("tool", "runtime", "build", "clients", "sdist", "patch")
+KINDS = ("tool", "runtime", "build", "clients", "sdist", "patch", "prebuilt")
 
 
 class ManifestError(UsageError):

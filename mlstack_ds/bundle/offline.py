@@ -21,6 +21,7 @@ from mlstack_ds.bundle.coverage import Missing, Need, Target, bundle_command, mi
 from mlstack_ds.bundle.make import BUILD_REQUIREMENTS, SIMPLE_DIR, file_digests, sdist_requirements
 from mlstack_ds.bundle.manifest import BundleTarget, Manifest, read_manifest
 from mlstack_ds.errors import FetchError, InstallError
+from mlstack_ds.index.simple import PROJECT
 from mlstack_ds.recipe import Recipe
 
 
@@ -31,6 +32,10 @@ class OfflineBundle:
     directory: Path
     manifest: Manifest
     sdist: Path
+
+    def has_prebuilt(self) -> bool:
+        """Whether DIR holds DeepSpeed wheels mlstack-ds built (`bundle --prebuilt`, `publish --to DIR`)."""
+        return any((self.directory / SIMPLE_DIR / PROJECT).glob("*.whl"))
 
     def pip_args(self) -> tuple[str, ...]:
         """`--no-index` and one `--find-links` per project directory of DIR/simple (flat directories of files)."""

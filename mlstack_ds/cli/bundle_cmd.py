@@ -20,6 +20,9 @@ from mlstack_ds.cli.options import (
     SourceOption,
 )
 from mlstack_ds.console import make_output, print_records
+from mlstack_ds.index.publish import publishable
+from mlstack_ds.install.publish import cache_entry
+from mlstack_ds.source.cache import Cache
 
 PythonVersionOption = Annotated[str | None, typer.Option(
     "--python-version", metavar="X.Y", help="The offline machine's Python (default: this one's).")]
@@ -31,6 +34,10 @@ TorchOption = Annotated[str | None, typer.Option(
     "Default: the torch installed beside mlstack-ds.")]
 WithClientsOption = Annotated[bool, typer.Option(
     "--with-clients", help="Also bundle transformers, accelerate, peft and Lightning (verify's client checks).")]
+PrebuiltOption = Annotated[list[str] | None, typer.Option(
+    "--prebuilt", metavar="WHEEL|KEY", help="Also a DeepSpeed wheel mlstack-ds built (a path or a cache key, as "
+    "`publish` takes; repeatable), for the offline machine's Python: install --offline installs it when it fits "
+    "there instead of building.")]
 ToolWheelOption = Annotated[Path | None, typer.Option(
     "--tool-wheel", metavar="WHEEL", help="mlstack-ds's own wheel to bundle (default: built from this checkout).")]
 
@@ -45,6 +52,7 @@ def bundle_command(
     torch: TorchOption = None,
     with_clients: WithClientsOption = False,
     tool_wheel: ToolWheelOption = None,
+    prebuilt: PrebuiltOption = None,
     cache_dir: CacheDirOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -58,10 +66,11 @@ def bundle_command(
     `mlstack-ds install --offline DIR`.
     """
     output = make_output(json_output)
+    wheels = tuple(publishable(*cache_entry(Cache.open(cache_dir), item)) for item in prebuilt or ())
     manifest = make_bundle(BundleRequest(to=to, recipe=recipe, source=source, sha256=sha256,
                                          python_version=python_version, platform=platform, torch=torch,
-                                         with_clients=with_clients, cache_dir=cache_dir, tool_wheel=tool_wheel),
-                           status=output.status)
+                                         with_clients=with_clients, cache_dir=cache_dir, tool_wheel=tool_wheel,
+                                         prebuilt=wheels), status=output.status)
     if json_output:
         output.emit_json({"bundle": str(to), "manifest": manifest.to_json()})
         return

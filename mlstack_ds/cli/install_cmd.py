@@ -72,11 +72,13 @@ CachedWheelOption = Annotated[str | None, typer.Option(
     "--cached-wheel", hidden=True, metavar="KEY",
     help="Install the cached wheel of this plan or fail; never build (each node of --hostfile).")]
 IndexOnlyOption = Annotated[bool, typer.Option(
-    "--index-only", help="With --index: refuse (exit 7) instead of building when no wheel of the index fits.")]
+    "--index-only", help="With --index (or --offline): refuse (exit 7) instead of building when no prebuilt wheel "
+    "of the index (or bundle) fits.")]
 OfflineOption = Annotated[Path | None, typer.Option(
     "--offline", metavar="DIR", help="Install from a bundle (`mlstack-ds bundle --to DIR`) and nothing else: DIR is "
     "checked to cover this install first (missing pieces are named, with the bundle command that adds them; exit 7); "
-    "then the sdist is DIR's and pip gets --no-index and DIR only.")]
+    "then a prebuilt DeepSpeed wheel of DIR that fits is installed (`bundle --prebuilt`), else DIR's sdist is built; "
+    "pip gets --no-index and DIR only.")]
 WheelDirOption = Annotated[Path | None, typer.Option("--wheel-dir", help="Also copy the wheel into this directory.")]
 
 
@@ -116,8 +118,9 @@ def install_command(
     if offline is not None:
         refuse_with_offline(offline, source=source, git=git_url or git_commit, sha256=sha256, index=index,
                             nodes=hostfile is not None or slurm)
-    if index_only and not index:
-        raise UsageError("--index-only needs --index (or MLSTACK_DS_INDEX)", hint="name the index: --index URL|DIR")
+    if index_only and not index and offline is None:
+        raise UsageError("--index-only needs --index (or MLSTACK_DS_INDEX) or --offline",
+                         hint="name the index: --index URL|DIR")
     refuse_with_hostfile(slurm, hostfile)
     if hostfile is not None or slurm:
         if cached_wheel is not None:

@@ -81,8 +81,19 @@ def locked_directory(to: Path, what: str = "index") -> Iterator[None]:
         yield
 
 
-def publish_wheel(wheel: Path, record: Mapping[str, Any], to: Path) -> Published:
-    """Put `wheel` (built by the plan in `record`, the cache's build.json) into the index in `to`."""
+@dataclass(frozen=True)
+class Publishable:
+    """A wheel mlstack-ds built, checked readable, with its build record and the name and version it gets in an
+    index (the plan's local version label)."""
+
+    wheel: Path
+    record: Mapping[str, Any]
+    version: str
+    filename: str
+
+
+def publishable(wheel: Path, record: Mapping[str, Any]) -> Publishable:
+    """`wheel` (built by the plan in `record`, the cache's build.json) checked, before any index is touched."""
     plan = record.get("plan")
     if not isinstance(plan, Mapping) or not plan.get("cache_key"):
         raise UsageError(f"the build record of {wheel.name} has no plan", hint="publish wheels mlstack-ds built")
@@ -91,24 +102,36 @@ def publish_wheel(wheel: Path, record: Mapping[str, Any], to: Path) -> Published
         filename = wheel_filename(wheel.name, version)
     except (OSError, KeyError, WheelProblem) as exc:
         raise UsageError(f"{wheel} is not a readable wheel ({exc})", hint="rebuild it (--rebuild)") from None
+    return Publishable(wheel, record, version, filename)
+
+
+def publish_wheel(wheel: Path, record: Mapping[str, Any], to: Path) -> Published:
+    """Put `wheel` (built by the plan in `record`, the cache's build.json) into the index in `to`."""
+    item = publishable(wheel, record)
     with locked_directory(to):
-        project = simple_dir(to) / PROJECT
-        target = project / filename
-        plan_file = project / (filename + PLAN_SUFFIX)
-        try:
-            project.mkdir(parents=True, exist_ok=True)
-            existing = _already(target, plan_file, record)
-            if existing is not None:
-                regenerate(simple_dir(to))
-                return Published(target, existing, version, "already published")
-            digest = _write_wheel(wheel, target, version)
-            write_text_atomically(plan_file, json.dumps(published_document(record, filename, version, digest), indent=2,
-                                              sort_keys=True) + "\n")
+        return publish_locked(item, to)
+
+
+def publish_locked(item: Publishable, to: Path) -> Published:
+    """`publish_wheel`'s writing, for a caller that holds `to`'s lock already (`bundle --prebuilt`: a second
+    flock from the same process on the lock file would wait for itself)."""
+    project = simple_dir(to) / PROJECT
+    target = project / item.filename
+    plan_file = project / (item.filename + PLAN_SUFFIX)
+    try:
+        project.mkdir(parents=True, exist_ok=True)
+        existing = _already(target, plan_file, item.record)
+        if existing is not None:
             regenerate(simple_dir(to))
-        except OSError as exc:
-            raise EnvironmentProblem(f"cannot write the index in {to}: {exc.strerror or exc}",
-                                     hint="choose a writable --to directory") from exc
-    return Published(target, digest, version, "published")
+            return Published(target, existing, item.version, "already published")
+        digest = _write_wheel(item.wheel, target, item.version)
+        write_text_atomically(plan_file, json.dumps(published_document(item.record, item.filename, item.version,
+                                                                       digest), indent=2, sort_keys=True) + "\n")
+        regenerate(simple_dir(to))
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot write the index in {to}: {exc.strerror or exc}",
+                                 hint="choose a writable --to directory") from exc
+    return Published(target, digest, item.version, "published")
 
 
 def _already(target: Path, plan_file: Path, record: Mapping[str, Any]) -> str | None:

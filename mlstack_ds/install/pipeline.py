@@ -124,12 +124,19 @@ def prepare(request: InstallRequest) -> Prepared:
     rocm_root = Path(environment.rocm.root) if environment.rocm and environment.rocm.root else None
     toolchain = probe_toolchain(os.environ, rocm_root, environment.python.include_dir,
                                 rocm_first=environment.rocm is not None and environment.rocm.kind == "wheels")
+    # A bundle with prebuilt DeepSpeed wheels (`bundle --prebuilt`, `publish --to DIR`) is an index as well: one
+    # that fits is installed as `--index` would, else the bundle's sdist is built.
+    index = request.index if offline is None or not offline.has_prebuilt() else str(offline.directory)
+    if offline is not None and index is None and request.index_only:
+        raise InstallError(f"--index-only: the bundle in {offline.directory} has no prebuilt DeepSpeed wheel; nothing "
+                           "was installed", hint="add one where it was built (mlstack-ds bundle --prebuilt KEY, or "
+                           "publish KEY --to DIR), or leave out --index-only to build from the bundle's sdist")
     plan = plan_build(environment, recipe, spec, toolchain, archs=archs, jobs=request.jobs,
                       patches=request.patches, source_label=source_label, mem_available=read_mem_available(),
-                      toolchain_optional=request.index is not None)
+                      toolchain_optional=index is not None)
     choice = None
-    if request.index is not None:
-        choice = choose(request.index, Here(plan.to_dict(), platform.machine(), cpu_flags()))
+    if index is not None:
+        choice = choose(index, Here(plan.to_dict(), platform.machine(), cpu_flags()))
         plan = refuse_or_adopt(plan, choice, index_only=request.index_only)
     return Prepared(environment, recipe, spec, plan, detection.target, choice, offline)
 

@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cli import CliResult
+from support.cli import CliResult, run_cli
+from support.cold_install import network_namespace
 from support.e2e import FIRST_USE, Target, no_compiler_path, served
+from support.pins import TORCH_VERSION
 from support.target_env import overlay_venv
 
 from mlstack_ds.index.publish import regenerate
@@ -187,3 +189,28 @@ def test_an_index_with_junk_html_is_one_error(index_install: CliResult, second: 
         result = install(fresh(second, tmp_path), "--force", "--no-verify", "--index", f"{base}/simple",
                          path=bare_path)
     assert f"error: the index page {base}/simple/deepspeed/ is malformed" in refused(second, before, result, 4)
+
+
+def test_a_bundle_with_the_prebuilt_wheel_installs_it_offline_without_a_compiler(
+        installed_target: Target, deepspeed_sdist: Path, bare_path: str, tmp_path: Path) -> None:
+    """Issue 41: `bundle --prebuilt KEY` puts the cold build's wheel, with its plan, into the bundle (and its
+    manifest); `install --offline` on a machine like this one installs it instead of building: no compiler on
+    PATH, no build log, and, where namespaces can be made, no network either."""
+    key = installed_target.status()["receipt"]["cache_key"]
+    bundle = tmp_path / "bundle"
+    made = run_cli("bundle", "--to", bundle, "--source", deepspeed_sdist, "--torch", TORCH_VERSION, "--prebuilt",
+                   key, "--cache-dir", installed_target.cache, "--json", columns=200, timeout=900)
+    assert made.returncode == 0, made.stderr[-3000:]
+    prebuilt = {f["path"].rsplit("/", 1)[-1]: f for f in made.json["manifest"]["files"] if f["kind"] == "prebuilt"}
+    (wheel,) = (name for name in prebuilt if name.endswith(".whl"))
+    assert f"{wheel}.plan.json" in prebuilt and wheel.startswith("deepspeed-0.19.5+")
+    target = Target(overlay_venv(tmp_path / "venv", sys.executable), tmp_path / "cache")
+    done = run_cli("install", "--python", target.python, "--cache-dir", target.cache, "--offline", bundle,
+                   "--no-verify", "--json", env={"PATH": bare_path}, prefix=network_namespace(), columns=200,
+                   timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    receipt = done.json["receipt"]
+    assert receipt["source"] == f"offline:{bundle}" and receipt["cache_key"] == key
+    assert receipt["origin"] == (bundle / "simple" / "deepspeed" / wheel).resolve().as_uri()
+    assert receipt["wheel_sha256"] == prebuilt[wheel]["sha256"]
+    assert not (target.cache / "logs").exists(), "the offline install built something"

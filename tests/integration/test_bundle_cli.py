@@ -124,6 +124,17 @@ def test_a_bundle_missing_a_requirement_is_refused_up_front_then_completed(
 
 
 @pytest.mark.slow
+def test_index_only_with_a_bundle_without_prebuilt_wheels_is_refused_before_anything_changes(
+        made: tuple[Path, dict[str, Any]]) -> None:
+    refused = run_cli("install", "--offline", made[0], "--index-only", "--no-verify", "--json", columns=200,
+                      timeout=300)
+    assert refused.returncode == 7, refused.stderr[-3000:]
+    error, hint = refused.one_error()
+    assert "has no prebuilt DeepSpeed wheel" in error and "nothing was installed" in error
+    assert "bundle --prebuilt KEY" in hint
+
+
+@pytest.mark.slow
 def test_a_bundle_for_another_python_is_refused_with_the_reason(
         made: tuple[Path, dict[str, Any]], deepspeed_sdist: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
