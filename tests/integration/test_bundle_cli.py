@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from packaging.utils import canonicalize_name
+from support.bundles import TORCH, make_bundle, no_network
 from support.cli import CliResult, run_cli
 
 from mlstack_ds.patches.series import read_series_names
@@ -26,7 +27,6 @@ from mlstack_ds.recipe import find_recipe
 
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 OTHER = "3.12" if HERE != "3.12" else "3.11"
-TORCH = "2.13.0"
 
 
 def sha256(path: Path) -> str:
@@ -34,17 +34,14 @@ def sha256(path: Path) -> str:
 
 
 def bundle(to: Path, sdist: Path, *args: str) -> CliResult:
-    return run_cli("bundle", "--to", to, "--source", sdist, "--torch", TORCH, "--json", *args, columns=200,
-                   timeout=900)
+    return make_bundle(to, sdist, *args)
 
 
 @pytest.fixture(scope="module")
-def made(deepspeed_sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """One real bundle for this machine's Python and platform, shared by the module (do not modify; copy it)."""
-    to = tmp_path_factory.mktemp("bundle") / "bundle"
-    done = bundle(to, deepspeed_sdist)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return to, done.json["manifest"]
+def made(made_bundle: tuple[Path, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+    """The session's real bundle (integration/conftest.py) for this machine's Python and platform (do not modify;
+    copy it)."""
+    return made_bundle
 
 
 def copy_of(made: tuple[Path, dict[str, Any]], tmp_path: Path) -> Path:
@@ -191,14 +188,6 @@ def test_bundle_help_explains_the_command() -> None:
     for text in ("--python-version", "--platform", "--with-clients", "--torch", "--tool-wheel", "torch is never",
                  "install --offline"):
         assert text in done.stdout, text
-
-
-def no_network() -> list[str]:
-    """`unshare -n`: a fresh network namespace with only a down loopback, so nothing can be fetched."""
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"unshare -n is not allowed here ({probe.stderr.decode().strip()}): needs root or user namespaces")
-    return ["unshare", "-n"]
 
 
 @pytest.mark.slow
