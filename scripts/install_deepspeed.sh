@@ -3,7 +3,7 @@
 # `mlstack-ds install` there: patched DeepSpeed with ops prebuilt for this machine's GPUs.
 #
 #   scripts/install_deepspeed.sh [--venv DIR] [--with-torch cpu] [--with-system-deps] [--with-clients]
-#                                [--] [mlstack-ds install options...]
+#                                [--offline BUNDLE] [--] [mlstack-ds install options...]
 #   e.g. scripts/install_deepspeed.sh --arch gfx1100      scripts/install_deepspeed.sh -- --dry-run
 #
 # --venv DIR          the environment that gets DeepSpeed (default: .venv next to this repo). It is
@@ -23,10 +23,20 @@
 #                     sudo. Otherwise it prints the command to run and goes on without them.
 # --with-clients      also install transformers, accelerate, peft and Lightning (requirements/clients.txt),
 #                     the libraries verify's client checks run, with the venv's PyTorch held at its version.
+# --offline BUNDLE    an air-gapped machine: everything comes from BUNDLE, a directory `mlstack-ds bundle` made
+#                     (docs/air-gapped.md), and nothing from the network, this repository or a pip.conf: the
+#                     tool itself (its wheel, sha256-checked against BUNDLE/bundle.json), the setuptools or
+#                     wheel the venv lacks, the clients (the bundle must be made --with-clients), then
+#                     `mlstack-ds install --offline BUNDLE`. pip gets --no-index, a --find-links per project
+#                     of BUNDLE/simple, PIP_CONFIG_FILE=/dev/null and none of your PIP_* variables. torch is
+#                     never in a bundle: install the site's PyTorch first (--with-torch is refused), and
+#                     --with-system-deps only prints the package manager's command (it needs a network).
 # Never prompts; sudo only for --with-system-deps and only without a password (sudo -n); safe to re-run.
 # At the end it names what is still missing and the one command that adds it.
-# Exit codes: those of `mlstack-ds install`; before it runs, 2 for a bad option and 3 for what this
-# machine lacks (Python >= 3.10, a venv it can make, system packages it could not install).
+# Exit codes: those of `mlstack-ds install`; before it runs, 2 for a bad option (or an --offline directory
+# that is not a bundle), 3 for what this machine lacks (Python >= 3.10, a venv it can make, system packages it
+# could not install) and 7 for what pip could not install: verify's clients, or with --offline what the bundle
+# lacks (the tool's wheel, a bundle for this Python, the clients).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,6 +44,7 @@ venv="$repo/.venv"
 with_torch=""
 with_system_deps=""
 with_clients=""
+offline=""
 passthrough=()
 command_line=("$0" "$@")  # for the closing summary's "run this again with ..."
 
@@ -47,6 +58,8 @@ while (($#)); do
     --with-torch=*) with_torch=${1#--with-torch=}; shift ;;
     --with-system-deps) with_system_deps=1; shift ;;
     --with-clients) with_clients=1; shift ;;
+    --offline) [[ $# -ge 2 ]] || { echo "error: --offline needs a bundle directory" >&2; exit 2; }; offline=$2; shift 2 ;;
+    --offline=*) offline=${1#--offline=}; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; passthrough+=("$@"); break ;;
     *) passthrough+=("$1"); shift ;;
@@ -59,6 +72,21 @@ case "$with_torch" in
      echo "hint: for ROCm, install PyTorch from https://download.pytorch.org/whl/rocmX.Y (matching your ROCm) first" >&2
      exit 2 ;;
 esac
+
+# --- --offline BUNDLE: checked before anything is installed; a bundle never holds torch ---
+if [[ -n $offline ]]; then
+  [[ -d $offline ]] && offline=$(cd "$offline" && pwd)
+  if [[ ! -f $offline/bundle.json ]]; then
+    echo "error: --offline $offline is not a bundle (no bundle.json)" >&2
+    echo "hint: make it with \`mlstack-ds bundle --to DIR\` on a machine with network access, copy DIR here, then pass --offline DIR" >&2
+    exit 2
+  fi
+  if [[ -n $with_torch ]]; then
+    echo "error: --with-torch $with_torch cannot be used with --offline: a bundle never holds PyTorch" >&2
+    echo "hint: install the site's PyTorch into the venv (or the system Python) first, then run this command again without --with-torch" >&2
+    exit 2
+  fi
+fi
 
 # --- system packages: a C++ compiler, Python headers, ninja, libaio headers, in that order per manager ---
 package_manager() {
@@ -121,6 +149,13 @@ install_system_deps() {
     echo "==> system packages: all there ($(system_packages "$manager"))" >&2
     return 0
   fi
+  if [[ -n $offline ]]; then
+    # A package manager fetches from its repositories: --offline reaches no network, so the command is only named.
+    echo "==> not done: --offline installs no system packages (${missing[*]}): $manager needs its package repositories" >&2
+    echo "    run, from this site's package mirror: $(manual_command "$manager" "${missing[@]}")" >&2
+    echo "    then run this command again; going on without them" >&2
+    return 0
+  fi
   if [[ $(id -u) -eq 0 ]]; then
     as_root=()
   elif sudo -n true 2>/dev/null; then
@@ -151,6 +186,73 @@ python=${PYTHON:-python3}
 command -v "$python" >/dev/null || { echo "error: $python not found" >&2; echo "hint: install Python >= 3.10" >&2; exit 3; }
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
   echo "error: $python is $("$python" -V 2>&1); mlstack-ds needs Python >= 3.10" >&2; exit 3; }
+
+# --- --offline: what the bundle holds for this venv, read (standard library only) before anything changes ---
+# Prints the tool's wheel (its sha256 checked against the manifest), the `bundle` command that completes the
+# bundle, the one that adds the clients, then the client requirements, one a line (none when it has no clients).
+READ_BUNDLE='import hashlib, json, shlex, sys
+from pathlib import Path
+bundle, with_clients = Path(sys.argv[1]), sys.argv[2] == "1"
+def stop(code, error, hint):
+    print(f"error: {error}", f"hint: {hint}", sep="\n", file=sys.stderr)
+    sys.exit(code)
+try:
+    m = json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))
+    target, version, torch, recipe = m["target"], m["tool_version"], m["torch"], m["recipe"]
+    made_for, platform = target["python_version"], target["platform"]
+    tools = [f for f in m["files"] if f["kind"] == "tool" and f["project"] == "mlstack-ds" and f["version"] == version]
+    clients = [str(r) for r in m["requested"].get("clients", [])]
+except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    stop(2, f"{bundle}/bundle.json is not a bundle manifest ({type(exc).__name__}: {exc})",
+         f"make the bundle again on a machine with network access: mlstack-ds bundle --to {bundle}")
+def command(to, python, *extra):
+    return shlex.join(["mlstack-ds", "bundle", "--to", str(to), "--python-version", python, "--platform", platform,
+                       "--recipe", recipe, *extra, "--torch", torch])
+here = "%d.%d" % sys.version_info[:2]
+complete = command(bundle, here, *(["--with-clients"] if clients else []))
+with_clients_command = command(bundle, here, "--with-clients")
+if made_for != here:
+    other = bundle.with_name(bundle.name + "-py" + here)
+    stop(7, f"the bundle in {bundle} was made for Python {made_for}; this venv has Python {here}; "
+         "nothing was installed", "make one for this Python (each target has its own directory) on a machine with "
+         f"network access: {command(other, here)}")
+wheel = bundle / tools[0]["path"] if tools else None
+if wheel is None or not wheel.is_file():
+    stop(7, f"the bundle in {bundle} lacks mlstack-ds {version}\u0027s own wheel; nothing was installed",
+         f"on a machine with network access, complete it: {complete}; then copy it here again")
+if hashlib.sha256(wheel.read_bytes()).hexdigest() != tools[0]["sha256"]:
+    stop(7, f"the bundle in {bundle} holds a modified {wheel.name} (not the sha256 of its manifest); "
+         "nothing was installed", f"remove it, then, on a machine with network access, complete the bundle: "
+         f"{complete}; then copy it here again")
+if with_clients and not clients:
+    stop(7, f"--with-clients: the bundle in {bundle} was made without verify\u0027s clients (transformers, "
+         "accelerate, peft, lightning); nothing was installed", "on a machine with network access, add them: "
+         f"{with_clients_command}; then copy it here again")
+print(wheel, complete, with_clients_command, *clients, sep="\n")'
+if [[ -n $offline ]]; then
+  bundle_python=$python
+  [[ -x $venv/bin/python ]] && bundle_python=$venv/bin/python
+  bundle_facts=$("$bundle_python" -c "$READ_BUNDLE" "$offline" "$with_clients") || exit $?
+  mapfile -t bundle_facts <<<"$bundle_facts"
+  tool_wheel=${bundle_facts[0]}
+  complete_bundle_command=${bundle_facts[1]}
+  clients_bundle_command=${bundle_facts[2]}
+  bundle_clients=("${bundle_facts[@]:3}")
+fi
+# The venv's pip held to the bundle: --no-index, a --find-links per project of BUNDLE/simple, no pip.conf, none
+# of the user's PIP_* variables (as `mlstack-ds install --offline` runs pip: mlstack_ds/bundle/offline.py).
+offline_pip() {  # pip ARGS...
+  local links=() d
+  for d in "$offline"/simple/*/; do links+=(--find-links "${d%/}"); done
+  (
+    for d in $(compgen -e); do [[ $d == PIP_* ]] && unset "$d"; done
+    export PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+    exec "$venv/bin/python" -m pip "$1" --no-index "${links[@]}" "${@:2}"
+  )
+}
+venv_pip() {  # pip ARGS...: held to the bundle with --offline
+  if [[ -n $offline ]]; then offline_pip "$@"; else "$venv/bin/python" -m pip "$@"; fi
+}
 
 if [[ ! -x $venv/bin/python ]]; then
   echo "==> creating $venv (with system site-packages)" >&2
@@ -188,8 +290,18 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "hint: remove it (rm -rf $venv) and run this command again; it will be made anew" >&2
   exit 3
 fi
-echo "==> installing mlstack-ds into $venv" >&2
-"$venv/bin/python" -m pip install --quiet "$repo"
+if [[ -n $offline ]]; then
+  # Its dependencies from the bundle, then the tool itself from its wheel even where the same version is installed
+  # already (from this repository, say): pip keeps an installed version that equals a given wheel's.
+  echo "==> installing mlstack-ds into $venv from $offline (${tool_wheel##*/}; no network)" >&2
+  { offline_pip install --quiet "$tool_wheel" && offline_pip install --quiet --no-deps --force-reinstall "$tool_wheel"; } || {
+    echo "error: pip could not install mlstack-ds from the bundle in $offline (pip's message is above)" >&2
+    echo "hint: complete the bundle on a machine with network access: $complete_bundle_command; then copy it here again" >&2
+    exit 7; }
+else
+  echo "==> installing mlstack-ds into $venv" >&2
+  "$venv/bin/python" -m pip install --quiet "$repo"
+fi
 
 if [[ $with_torch == cpu ]]; then
   if [[ -n $existing_torch ]]; then
@@ -207,9 +319,13 @@ fi
 # one a system PyTorch's site-packages may have. The tool's rule (detect/wheel_builder.py) names what to add.
 builder=$("$venv/bin/python" -c 'from mlstack_ds.detect.wheel_builder import main; main()')
 if [[ -n $builder ]]; then
-  echo "==> installing $builder into $venv: its setuptools cannot build wheels (no bdist_wheel)" >&2
-  "$venv/bin/python" -m pip install --quiet "$builder" || {
-    echo "error: pip could not install $builder into $venv" >&2
+  echo "==> installing $builder into $venv${offline:+ from $offline}: its setuptools cannot build wheels (no bdist_wheel)" >&2
+  venv_pip install --quiet "$builder" || {
+    echo "error: pip could not install $builder into $venv${offline:+ from the bundle in $offline}" >&2
+    if [[ -n $offline ]]; then
+      echo "hint: complete the bundle on a machine with network access: $complete_bundle_command; then copy it here again" >&2
+      exit 7
+    fi
     echo "hint: run \`$venv/bin/python -m pip install $builder\` to see why, then this command again" >&2
     exit 3; }
 fi
@@ -234,10 +350,16 @@ install_clients() {
   fi
   constraints=$(mktemp)
   echo "torch==$torch_version" >"$constraints"
-  echo "==> installing transformers, accelerate, peft, lightning (requirements/clients.txt), torch held at $torch_version" >&2
-  if ! "$venv/bin/python" -m pip install --quiet -r "$repo/requirements/clients.txt" -c "$constraints"; then
+  if [[ -n $offline ]]; then
+    echo "==> installing transformers, accelerate, peft, lightning from $offline, torch held at $torch_version" >&2
+    clients_from=("${bundle_clients[@]}")
+  else
+    echo "==> installing transformers, accelerate, peft, lightning (requirements/clients.txt), torch held at $torch_version" >&2
+    clients_from=(-r "$repo/requirements/clients.txt")
+  fi
+  if ! venv_pip install --quiet "${clients_from[@]}" -c "$constraints"; then
     rm -f "$constraints"
-    echo "error: pip could not install verify's clients (requirements/clients.txt) with torch==$torch_version held" >&2
+    echo "error: pip could not install verify's clients (${offline:+from the bundle, }requirements/clients.txt) with torch==$torch_version held" >&2
     echo "hint: pip's message above says which requirement conflicts; torch was left as it was" >&2
     exit 7
   fi
@@ -262,7 +384,7 @@ summary() {
   fi
   if ((${#missing[@]})); then
     nothing=""
-    if [[ -z $with_system_deps ]] && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
+    if [[ -z $with_system_deps && -z $offline ]] && { [[ $(id -u) -eq 0 ]] || sudo -n true 2>/dev/null; }; then
       fix=$(rerun --with-system-deps)
     else
       fix="$(manual_command "$manager" "${missing[@]}") && $(rerun)"
@@ -273,7 +395,12 @@ summary() {
     nothing=""
     if [[ -n $(probe_torch) ]]; then
       # An install that is already up to date runs no verify: --force reinstalls from the cache and verifies.
-      echo "==> left out: verify's client checks (not all of transformers, accelerate, peft, lightning); add with: $(rerun --with-clients)--force" >&2
+      if [[ -n $offline ]] && ((${#bundle_clients[@]} == 0)); then
+        fix="$clients_bundle_command (on a machine with network access), copy the bundle here, then $(rerun --with-clients)--force"
+      else
+        fix="$(rerun --with-clients)--force"
+      fi
+      echo "==> left out: verify's client checks (not all of transformers, accelerate, peft, lightning); add with: $fix" >&2
     fi
   fi
   if [[ -n $nothing ]]; then
@@ -285,7 +412,9 @@ summary() {
 # The tool runs as a child (the summary comes after it), so a SIGTERM or SIGHUP sent to this script (a job
 # controller, `timeout`) is passed on: the tool stops its build or verify cleanly and this script waits for
 # it. Ctrl-C needs no passing on: the terminal sends it to the tool too (same process group).
-"$venv/bin/mlstack-ds" install --python "$venv/bin/python" "${passthrough[@]}" <&0 &
+offline_args=()
+[[ -n $offline ]] && offline_args=(--offline "$offline")
+"$venv/bin/mlstack-ds" install --python "$venv/bin/python" "${offline_args[@]}" "${passthrough[@]}" <&0 &
 tool=$!
 trap 'kill -TERM "$tool" 2>/dev/null' TERM HUP
 trap ':' INT

@@ -163,7 +163,7 @@ def test_without_the_option_no_package_manager_runs(tmp_path: Path) -> None:
 def test_help_documents_the_opt_ins() -> None:
     result = run_wrapper("--help")
     assert result.returncode == 0
-    for option in ("--with-torch cpu", "--with-system-deps", "--with-clients", "--venv DIR"):
+    for option in ("--with-torch cpu", "--with-system-deps", "--with-clients", "--venv DIR", "--offline BUNDLE"):
         assert f"\n{option}" in result.stdout, result.stdout
 
 

@@ -125,13 +125,15 @@ def bare_venv(path: Path, base_python: str | Path = sys.executable) -> Path:
     return path
 
 
-def overlay_venv(path: Path, base_python: str | Path = sys.executable) -> Path:
+def overlay_venv(path: Path, base_python: str | Path = sys.executable, *, pip: bool = True) -> Path:
     """A new venv at `path` (with pip) that also sees `base_python`'s site-packages, after its own, through
     a .pth line: pip there counts the base's packages (the test venv's pinned torch) as installed, so a test
-    can install on top of them into a scratch venv in seconds, leaving the base unchanged. Returns `path`."""
+    can install on top of them into a scratch venv in seconds, leaving the base unchanged. Returns `path`.
+    `pip=False`: no pip of its own (the base's runs there, installing into it): made in a second, where ensurepip
+    takes twenty on a loaded machine."""
     base_site = subprocess.run([str(base_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-    _run([sys.executable, "-m", "venv", str(path)])
+    _run([sys.executable, "-m", "venv", *([] if pip else ["--without-pip"]), str(path)])
     (site,) = path.glob("lib/python3*/site-packages")
     (site / "zz-overlay-base.pth").write_text(base_site + "\n")
     return path
