@@ -290,11 +290,20 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "hint: remove it (rm -rf $venv) and run this command again; it will be made anew" >&2
   exit 3
 fi
+# Whether the venv's mlstack-ds was installed from WHEEL (pip's direct_url.json names the file).
+installed_from() {  # WHEEL
+  "$venv/bin/python" -c 'import json, sys
+from importlib import metadata
+from pathlib import Path
+origin = json.loads(metadata.distribution("mlstack-ds").read_text("direct_url.json") or "{}")
+sys.exit(origin.get("url") != Path(sys.argv[1]).as_uri())' "$1" 2>/dev/null
+}
 if [[ -n $offline ]]; then
-  # Its dependencies from the bundle, then the tool itself from its wheel even where the same version is installed
-  # already (from this repository, say): pip keeps an installed version that equals a given wheel's.
+  # Its dependencies from the bundle, then the tool itself from its wheel where pip kept an installed version equal
+  # to the wheel's (one from this repository, say).
   echo "==> installing mlstack-ds into $venv from $offline (${tool_wheel##*/}; no network)" >&2
-  { offline_pip install --quiet "$tool_wheel" && offline_pip install --quiet --no-deps --force-reinstall "$tool_wheel"; } || {
+  { offline_pip install --quiet "$tool_wheel" && { installed_from "$tool_wheel" ||
+      offline_pip install --quiet --no-deps --force-reinstall "$tool_wheel"; }; } || {
     echo "error: pip could not install mlstack-ds from the bundle in $offline (pip's message is above)" >&2
     echo "hint: complete the bundle on a machine with network access: $complete_bundle_command; then copy it here again" >&2
     exit 7; }

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,15 @@ from support.target_env import overlay_venv
 Bundle = tuple[Path, dict[str, Any]]
 
 
+def ensurepip_setuptools() -> Path | None:
+    """The setuptools this Python's ensurepip puts into a new venv (65.5 on 3.11: no bdist_wheel without the
+    `wheel` package); None from 3.12, whose ensurepip has none."""
+    import ensurepip
+
+    found = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("setuptools-*.whl"))
+    return found[0] if found else None
+
+
 def tool_entry(manifest: dict[str, Any]) -> dict[str, Any]:
     (entry,) = [f for f in manifest["files"] if f["kind"] == "tool" and f["project"] == "mlstack-ds"]
     return entry
@@ -30,28 +40,42 @@ def tool_entry(manifest: dict[str, Any]) -> dict[str, Any]:
 def test_offline_installs_the_tool_from_the_bundle_with_no_network(made_bundle: Bundle, tmp_path: Path) -> None:
     to, manifest = made_bundle
     venv = overlay_venv(tmp_path / "venv", pip=False)  # sees the test venv's CPU torch
-    elsewhere = tmp_path / "pip-target"
+    entry = tool_entry(manifest)
+    # mlstack-ds of the same version installed from elsewhere (pip would keep it); and the venv's own setuptools
+    # as ensurepip leaves it on 3.11 (65.5: the wrapper must add `wheel`).
+    (tmp_path / "elsewhere").mkdir()
+    elsewhere_wheel = Path(shutil.copy2(to / entry["path"], tmp_path / "elsewhere"))
+    old_setuptools = ensurepip_setuptools()
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    elsewhere_wheel, *([old_setuptools] if old_setuptools else [])], check=True, capture_output=True,
+                   timeout=300)
+    pip_target = tmp_path / "pip-target"
     # The user's pip settings are dropped: PIP_TARGET would put the tool outside the venv.
     done = subprocess.run([*no_network(), "bash", str(WRAPPER), "--venv", str(venv), "--offline", str(to), "--",
                            "--dry-run", "--json"], capture_output=True, text=True, timeout=900, check=False,
-                          env={**os.environ, "COLUMNS": "200", "PIP_TARGET": str(elsewhere)})
+                          env={**os.environ, "COLUMNS": "200", "PIP_TARGET": str(pip_target)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr and not elsewhere.exists()
+    assert "Traceback" not in done.stderr and not pip_target.exists()
     assert json.loads(done.stdout)["plan"]["source"] == f"offline:{to}"
     (dist_info,) = venv.glob("lib/python3*/site-packages/mlstack_ds-*.dist-info")
     origin = json.loads((dist_info / "direct_url.json").read_text())
-    entry = tool_entry(manifest)
     assert origin["url"] == (to / entry["path"]).as_uri(), origin
     assert origin["archive_info"]["hashes"]["sha256"] == entry["sha256"], origin
     assert not list(venv.glob("lib/python3*/site-packages/torch*")), "torch is the test venv's, never installed"
+    if old_setuptools is not None:  # from the bundle: nothing else was reachable
+        assert f"==> installing wheel into {venv} from {to}" in done.stderr, done.stderr[-3000:]
+        assert list(venv.glob("lib/python3*/site-packages/wheel-*.dist-info"))
 
 
 @pytest.mark.slow
 def test_offline_refuses_a_bundle_that_lacks_what_the_run_needs(made_bundle: Bundle, tmp_path: Path) -> None:
-    """Read before any venv is made: the clients of a bundle made without them, the tool's wheel altered."""
+    """Read before any venv is made (by the Python that makes it): the clients of a bundle made without them, the
+    tool's wheel altered, a bundle for another Python."""
     to, manifest = made_bundle
     venv = tmp_path / "venv"
-    clients = run_wrapper("--venv", venv, "--offline", to, "--with-clients", "--", "--dry-run", timeout=300)
+    python = {"PYTHON": sys.executable}
+    clients = run_wrapper("--venv", venv, "--offline", to, "--with-clients", "--", "--dry-run", env=python,
+                          timeout=300)
     assert clients.returncode == 7, clients.stderr[-2000:]
     error, hint = clients.one_error()
     assert f"--with-clients: the bundle in {to} was made without verify's clients" in error
@@ -63,10 +87,22 @@ def test_offline_refuses_a_bundle_that_lacks_what_the_run_needs(made_bundle: Bun
     (altered / entry["path"]).parent.mkdir(parents=True)
     shutil.copy2(to / "bundle.json", altered / "bundle.json")
     (altered / entry["path"]).write_bytes((to / entry["path"]).read_bytes() + b"\0")
-    modified = run_wrapper("--venv", venv, "--offline", altered, "--", "--dry-run", timeout=300)
+    modified = run_wrapper("--venv", venv, "--offline", altered, "--", "--dry-run", env=python, timeout=300)
     assert modified.returncode == 7, modified.stderr[-2000:]
     error, hint = modified.one_error()
     assert f"holds a modified {Path(entry['path']).name}" in error and f"mlstack-ds bundle --to {altered}" in hint
+    assert not venv.exists()
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    other = "3.12" if here != "3.12" else "3.11"
+    document = json.loads((to / "bundle.json").read_text())
+    document["target"]["python_version"] = other
+    (altered / "bundle.json").write_text(json.dumps(document))
+    another = run_wrapper("--venv", venv, "--offline", altered, "--", "--dry-run", env=python, timeout=300)
+    assert another.returncode == 7, another.stderr[-2000:]
+    error, hint = another.one_error()
+    assert f"was made for Python {other}; this venv has Python {here}" in error
+    assert f"mlstack-ds bundle --to {altered}-py{here} --python-version {here}" in hint
     assert not venv.exists()
 
 
