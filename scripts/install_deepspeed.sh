@@ -48,6 +48,11 @@ offline=""
 passthrough=()
 command_line=("$0" "$@")  # for the closing summary's "run this again with ..."
 
+no_bundle_given() {
+  echo "error: --offline needs a bundle directory" >&2
+  echo "hint: --offline DIR, where DIR is what \`mlstack-ds bundle --to DIR\` made (docs/air-gapped.md)" >&2
+  exit 2
+}
 usage() { sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p;}' "${BASH_SOURCE[0]}"; }  # the comment block above
 
 while (($#)); do
@@ -58,8 +63,9 @@ while (($#)); do
     --with-torch=*) with_torch=${1#--with-torch=}; shift ;;
     --with-system-deps) with_system_deps=1; shift ;;
     --with-clients) with_clients=1; shift ;;
-    --offline) [[ $# -ge 2 ]] || { echo "error: --offline needs a bundle directory" >&2; exit 2; }; offline=$2; shift 2 ;;
-    --offline=*) offline=${1#--offline=}; shift ;;
+    --offline) [[ $# -ge 2 && -n $2 ]] || no_bundle_given; offline=$2; shift 2 ;;
+    --offline=?*) offline=${1#--offline=}; shift ;;
+    --offline=) no_bundle_given ;;
     -h|--help) usage; exit 0 ;;
     --) shift; passthrough+=("$@"); break ;;
     *) passthrough+=("$1"); shift ;;

@@ -123,9 +123,11 @@ def test_offline_refuses_before_anything_is_installed(tmp_path: Path, args: list
     assert not (tmp_path / "venv").exists()
 
 
-def test_offline_needs_a_directory() -> None:
-    result = run_wrapper("--offline")
-    assert result.returncode == 2 and "error: --offline needs a bundle directory" in result.stderr
+@pytest.mark.parametrize("args", [["--offline"], ["--offline="], ["--offline", ""]])
+def test_offline_needs_a_directory(args: list[str]) -> None:
+    result = run_wrapper(*args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.one_error()[0] == "error: --offline needs a bundle directory"
 
 
 def test_offline_with_system_deps_names_the_command_and_runs_no_package_manager(tmp_path: Path) -> None:
