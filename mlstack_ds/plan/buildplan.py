@@ -54,6 +54,9 @@ class PlanOptions:
     # `install --index`: a prebuilt wheel may make the compilers unnecessary, so a missing one is recorded in
     # `BuildPlan.toolchain_missing` (and raised only if the plan must be built here) instead of refused now.
     toolchain_optional: bool = False
+    # `install --offline DIR`: where the bundle's wheels are (DIR/simple), so a fix that installs a package says
+    # to take it from there; None: from the user's index.
+    offline_simple: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,14 @@ class BuildPlan:
         data = asdict(self)
         data["built_ops"] = list(self.built_ops)
         return data
+
+
+def pip_install_hint(python: str, package: str, offline_simple: Path | None) -> str:
+    """The pip command that installs `package` into `python`: from the bundle (`offline_simple`, its wheels'
+    directory) with nothing else, on an air-gapped machine; from the user's index otherwise."""
+    if offline_simple is None:
+        return f"{python} -m pip install {package}"
+    return f"{python} -m pip install --no-index --find-links {offline_simple / package} {package}"
 
 
 def make_plan(
@@ -186,7 +197,7 @@ def make_plan(
         python = environment.python.executable
         toolchain_problems.append(EnvironmentProblem(
             f"{python} cannot build DeepSpeed's wheel: {cannot_build_wheels}",
-            hint=f"{python} -m pip install {fix_package(environment.python.setuptools)}"))
+            hint=pip_install_hint(python, fix_package(environment.python.setuptools), options.offline_simple)))
     if not toolchain.cxx:
         named = environment.env.get("CXX")
         toolchain_problems.append(EnvironmentProblem(

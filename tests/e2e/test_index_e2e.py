@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.bundles import network_namespace
 from support.cli import CliResult, run_cli
-from support.cold_install import network_namespace
 from support.e2e import FIRST_USE, Target, no_compiler_path, served
 from support.pins import TORCH_VERSION
 from support.target_env import overlay_venv

@@ -14,7 +14,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.cold_install import ROUTES_LINE, BackgroundInstall
+from support.bundles import ROUTES_LINE
+from support.cold_install import BackgroundInstall
 from support.e2e import FIRST_USE, NEXT_PIN_CPU_SKIPS, Target
 
 from mlstack_ds.patches.series import read_series_names

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from packaging.utils import canonicalize_name
 from support.bundles import TORCH, make_bundle, no_network
 from support.cli import CliResult, run_cli
+from support.target_env import overlay_venv
 
 from mlstack_ds.patches.series import read_series_names
 from mlstack_ds.recipe import find_recipe
@@ -129,6 +131,28 @@ def test_index_only_with_a_bundle_without_prebuilt_wheels_is_refused_before_anyt
     error, hint = refused.one_error()
     assert "has no prebuilt DeepSpeed wheel" in error and "nothing was installed" in error
     assert "bundle --prebuilt KEY" in hint
+
+
+@pytest.mark.slow
+def test_a_venv_that_cannot_build_wheels_gets_a_fix_that_takes_the_package_from_the_bundle(
+        made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """A new venv's ensurepip setuptools (65, no bdist_wheel) is refused by the plan, as online; offline the fix
+    must not send pip to the index: it takes `wheel` from the bundle, and it works with no network at all."""
+    to, _manifest = made
+    venv = overlay_venv(tmp_path / "venv")
+    python = venv / "bin" / "python"
+    refused = run_cli("install", "--offline", to, "--dry-run", "--python", python, "--cache-dir", tmp_path / "cache",
+                      columns=400, timeout=900)
+    assert refused.returncode == 3, refused.stderr[-3000:]
+    error, hint = refused.one_error()
+    assert "cannot build DeepSpeed's wheel" in error
+    assert hint == f"hint: {python} -m pip install --no-index --find-links {to}/simple/wheel wheel"
+    fixed = subprocess.run([*no_network(), *shlex.split(hint.removeprefix("hint: "))], capture_output=True,
+                           text=True, timeout=600, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    planned = run_cli("install", "--offline", to, "--dry-run", "--python", python, "--cache-dir",
+                      tmp_path / "cache", "--json", prefix=no_network(), columns=200, timeout=900)
+    assert planned.returncode == 0, planned.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bundles import network_namespace
 from .cli import CliResult, run_cli, start_cli
 from .e2e import Target
 from .pins import CLIENT_PACKAGES, TORCH_PIN, TORCH_VERSION
@@ -37,8 +38,6 @@ from .target_env import make_venv
 
 INSTALLED_TARGET_FIXTURE = "installed_target"
 INSTALLED_NEXT_TARGET_FIXTURE = "installed_next_target"
-# Printed on stderr by the network namespace's shell before the install starts: the number of routes it has.
-ROUTES_LINE = "mlstack-tests: routes in this network namespace:"
 
 
 @dataclass(frozen=True)
@@ -49,19 +48,6 @@ class AirGap:
     directory: Path
     recipe: str
     sdist: Path
-
-
-def network_namespace() -> tuple[str, ...]:
-    """The prefix that runs a command in a new network namespace with loopback up and nothing else, saying its
-    route count on stderr first; () where namespaces cannot be made (the offline-proof test then skips)."""
-    try:
-        probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    if probe.returncode != 0:
-        return ()
-    script = f'ip link set lo up && echo "{ROUTES_LINE} $(ip route show | wc -l)" >&2 && exec "$@"'
-    return ("unshare", "-n", "sh", "-c", script, "network-namespace")
 
 
 class BackgroundInstall:
