@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -114,10 +115,11 @@ def install_command(
     output = make_output(json_output)
     request = _request(recipe, source, git_url, git_commit, sha256, arch, python, jobs, cache_dir, no_patches, rebuild,
                        verify=not no_verify, force=force, cached_wheel=cached_wheel, lock_timeout=lock_timeout,
-                       index=index or None, index_only=index_only, offline=offline)
+                       index=index or None, index_only=index_only,
+                       # absolute: with --hostfile/--slurm each node is given this path (DIR on a shared file system)
+                       offline=Path(os.path.abspath(offline)) if offline is not None else None)
     if offline is not None:
-        refuse_with_offline(offline, source=source, git=git_url or git_commit, sha256=sha256, index=index,
-                            nodes=hostfile is not None or slurm)
+        refuse_with_offline(offline, source=source, git=git_url or git_commit, sha256=sha256, index=index)
     if index_only and not index and offline is None:
         raise UsageError("--index-only needs --index (or MLSTACK_DS_INDEX) or --offline",
                          hint="name the index: --index URL|DIR")
@@ -156,15 +158,14 @@ def install_command(
                          + ", ".join(plan.built_ops))
 
 
-def refuse_with_offline(offline: Path, *, source: str, git: str | None, sha256: str | None, index: str | None,
-                        nodes: bool) -> None:
+def refuse_with_offline(offline: Path, *, source: str, git: str | None, sha256: str | None, index: str | None
+                        ) -> None:
     """`--offline DIR` is the source and the index at once: another one named beside it is a usage error."""
     clash = ("--source" if source != DEFAULT_SOURCE else "--git-url/--git-commit" if git else "--sha256" if sha256
-             else "--index (or MLSTACK_DS_INDEX)" if index else "--hostfile/--slurm" if nodes else None)
+             else "--index (or MLSTACK_DS_INDEX)" if index else None)
     if clash is not None:
         raise UsageError(f"--offline {offline} takes the source and every requirement from the bundle; {clash} "
-                         "cannot be used with it", hint=f"leave out {clash}" + (" (install on each node with "
-                         "--offline for now)" if nodes else ""))
+                         "cannot be used with it", hint=f"leave out {clash}")
 
 
 def build_command(

@@ -180,13 +180,15 @@ def ensure_cached(host: str, wheel: Path, cache_root: Path) -> str:
 
 def node_install_args(request: InstallRequest, python: Path, cache_root: Path, archs: Sequence[str],
                       cache_key: str, *, index: str | None = None) -> list[str]:
-    """The node's `install` argv: the head's recipe, source and patch options, the head's targets, its
-    cache path, and `--cached-wheel` so that it installs the head's wheel or fails (never builds). With
+    """The node's `install` argv: the head's recipe, source (or `--offline DIR`: the node checks the bundle and
+    holds its pip to it) and patch options, the head's targets, its cache path, and `--cached-wheel` so that
+    it installs the head's wheel or fails (never builds). With
     `index` (the head found a fitting wheel there) each node takes it from the index itself instead:
     `--index URL --index-only`, nothing copied, and still never a build."""
     source = ["--index", index, "--index-only"] if index else ["--cached-wheel", cache_key]
+    origin = ["--offline", str(request.offline)] if request.offline is not None else ["--source", request.source]
     args: list[str] = ["install", "--python", str(python), "--cache-dir", str(cache_root),
-                       "--recipe", request.deepspeed_version, "--source", request.source, *source, "--no-verify"]
+                       "--recipe", request.deepspeed_version, *origin, *source, "--no-verify"]
     for flag, value in (("--git-url", request.git_url), ("--git-commit", request.git_commit),
                         ("--sha256", request.sha256)):
         if value:
@@ -276,9 +278,13 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     facts: list[NodeFacts] = on_each([h.host for h in hosts], lambda host: node_facts(host, python),
                                      done=ready, in_order=True)
     plan = plan_for_nodes(request, facts)
+    cache_root, index, node_args = args_for_nodes(plan, python, output)
+    if request.offline is not None:
+        check_bundle_on_nodes(request.offline, [h.host for h in hosts], results, output, parallel=True,
+                              dry_run=lambda host: run_tool(host, [*node_args, "--dry-run"], timeout=DETECT_TIMEOUT_S))
     if dry_run:
         return HostfileOutcome(plan.plan, None, tuple(results.values()))
-    wheel, cache_root, node_args = wheel_for_nodes(plan, python, output, progress)
+    wheel = wheel_for_nodes(plan, index, output, progress)
     groups = group_by_environment(facts, output.status)
     ssh_ops = NodeOps(cache=lambda host: ensure_cached(host, wheel, cache_root) if wheel else "index",
                       install=lambda group: install_on(group, node_args), rollback=rollback_on)
@@ -312,17 +318,52 @@ def plan_for_nodes(request: InstallRequest, facts: Sequence[NodeFacts]) -> Nodes
     return NodesPlan(effective, prepared)
 
 
-def wheel_for_nodes(nodes: NodesPlan, python: Path, output: Output, progress: BuildProgress | None
-                    ) -> tuple[Path | None, Path, list[str]]:
-    """(the wheel built or reused here, or None when every node installs from the index; the head's cache
-    root; the install command line each node runs)."""
+def args_for_nodes(nodes: NodesPlan, python: Path, output: Output) -> tuple[Path, str | None, list[str]]:
+    """(the head's cache root; the index every node installs from, or None: the head's wheel; the install
+    command line each node runs). Known before the build, so that `--offline` can dry-run it on every node."""
     plan = nodes.plan
     cache_root = Cache.open(nodes.request.cache_dir).root.absolute()
     index = index_for_nodes(nodes.prepared, output)
-    wheel = None if index else head_wheel(nodes.prepared, nodes.request, output, progress)
     node_args = node_install_args(nodes.request, python, cache_root, plan.archs if plan.platform == "rocm" else (),
                                   plan.cache_key, index=index)
-    return wheel, cache_root, node_args
+    return cache_root, index, node_args
+
+
+def wheel_for_nodes(nodes: NodesPlan, index: str | None, output: Output, progress: BuildProgress | None
+                    ) -> Path | None:
+    """The wheel built or reused here, or None when every node installs from the index."""
+    return None if index else head_wheel(nodes.prepared, nodes.request, output, progress)
+
+
+def check_bundle_on_nodes(bundle: Path, hosts: Sequence[str], results: Mapping[str, NodeResult], output: Output, *,
+                          dry_run: Callable[[str], ToolRun], parallel: bool) -> None:
+    """`--offline DIR`: every node runs its own install command with `--dry-run` (`dry_run(host)`), which checks
+    the bundle against that node's Python and platform, and DIR as that node sees it, before the head builds
+    and before anything changes on any node. A node the bundle does not cover: InstallError naming every such
+    node, with the node's exit code (7: the bundle lacks something; 2: not a bundle there) and its hint (the
+    `bundle` command that completes it for that node)."""
+    runs = on_each(hosts, dry_run, in_order=True) if parallel else [dry_run(host) for host in hosts]
+    failed = [(host, run) for host, run in zip(hosts, runs, strict=True) if not run.ok]
+    for host, run in zip(hosts, runs, strict=True):
+        if run.ok:
+            output.status(f"{host}: the bundle {bundle} covers this install there")
+    if not failed:
+        return
+    for host in hosts:
+        results[host].action = "not-run"
+    for host, run in failed:
+        results[host].action, results[host].error = "failed", run.error_message()
+        output.status(f"{host}: {run.error_message()}")
+    code = failed[0][1].returncode
+    code = code if code in {int(c) for c in ExitCode} - {0, 1} else int(ExitCode.INSTALL)
+    unseen = " (--offline DIR must be the same path on every node: a shared file system)" if code == 2 else ""
+    said = "; ".join(f"node {host}: {run.error_message().removesuffix('; nothing was installed')}"
+                     for host, run in failed)
+    hints = dict.fromkeys(run.error_hint() for _host, run in failed if run.error_hint())
+    raise with_nodes(InstallError(f"the bundle does not serve {len(failed)} of the {len(hosts)} node(s), so nothing "
+                                  f"was installed on any node: {said}",
+                                  hint=" | ".join(hints) + unseen if hints else f"fix the bundle{unseen}",
+                                  exit_code=ExitCode(code)), results)
 
 
 def index_for_nodes(prepared: Prepared, output: Output) -> str | None:

@@ -36,6 +36,8 @@ from mlstack_ds.install.nodes import (
     NodeGroup,
     NodeOps,
     NodeResult,
+    args_for_nodes,
+    check_bundle_on_nodes,
     gpu_archs,
     install_groups,
     plan_for_nodes,
@@ -66,9 +68,13 @@ def run_slurm_install(request: InstallRequest, output: Output, progress: BuildPr
         output.status(f"{found.host}: ready ({found.platform}"
                       + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
     plan = plan_for_nodes(request, facts)
+    cache_root, index, node_args = args_for_nodes(plan, python, output)
+    if request.offline is not None:  # one srun step per node, one after the other: steps may not overlap
+        check_bundle_on_nodes(request.offline, hosts, results, output, parallel=False, dry_run=lambda host: run_tool_on(
+            allocation, host, [*node_args, "--dry-run"], timeout_s=DETECT_TIMEOUT_S, env=environ))
     if dry_run:
         return HostfileOutcome(plan.plan, None, tuple(results.values()))
-    wheel, cache_root, node_args = wheel_for_nodes(plan, python, output, progress)
+    wheel = wheel_for_nodes(plan, index, output, progress)
     (cache_root / "tmp").mkdir(parents=True, exist_ok=True)
     groups = group_nodes(allocation, facts, wheel.parent if wheel else cache_root / "tmp", Path(facts[0].prefix),
                          env=environ, output=output, need_cache=wheel is not None)

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
+from support.bundles import make_bundle, without_wheel
 from support.cli import run_cli
 from support.e2e import Target
 from support.two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli, host_cli
@@ -178,3 +179,53 @@ def test_install_then_verify_across_the_nodes(two_hosts_shared: TwoHosts, target
         {"host": "mls-node-b", "ranks": [1], "files": "shared", "failed": [], "ok": True},
     ]
     assert "mls-node-b: reachable, ranks 1, shared file system" in result.stderr  # one progress line per node
+
+
+@pytest.fixture(scope="module")
+def offline_bundle(deepspeed_sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real bundle for this machine (`bundle --source` the cached sdist; about 30 s), shared by the module's
+    `--offline` tests: do not modify it (copy it)."""
+    to = tmp_path_factory.mktemp("offline") / "bundle"
+    done = make_bundle(to, deepspeed_sdist)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return to
+
+
+@pytest.mark.slow
+def test_one_bundle_serves_the_install_on_both_nodes(
+        node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], target: Path, warm_cache: Path,
+        offline_bundle: Path) -> None:
+    with node_local_hosts(target, hardlinks=True) as hosts:  # a venv of its own on each node, DIR shared
+        result = install(hosts, hosts.hostfile(), target, warm_cache, "--offline", offline_bundle, "--no-verify")
+        assert result.returncode == 0, result.stderr[-3000:]
+        document = json.loads(result.stdout)
+        source = f"offline:{offline_bundle}"
+        assert document["plan"]["source"] == source
+        nodes = by_host(document)
+        assert [nodes[n]["action"] for n in NODE_NAMES] == ["installed", "installed"]
+        for host in hosts.hosts:  # each node's own install, from the bundle
+            assert f"{host.name}: the bundle {offline_bundle} covers this install there" in result.stderr
+            status = node_status(hosts, host, target / "bin" / "python")
+            assert status["intact"] and status["receipt"]["source"] == source
+            assert status["receipt"]["cache_key"] == document["plan"]["cache_key"]
+
+
+@pytest.mark.slow
+def test_a_bundle_that_does_not_serve_one_node_installs_nothing_on_any(
+        node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], target: Path, warm_cache: Path,
+        offline_bundle: Path, tmp_path: Path) -> None:
+    # node b sees, at DIR's path, a copy without hjson (node_local_hosts binds `<name>-own-0` over it there)
+    removed = without_wheel(offline_bundle, tmp_path / "mls-node-b-own-0", "hjson")
+    with node_local_hosts(target, first_node_only=[offline_bundle], hardlinks=True) as hosts:
+        result = install(hosts, hosts.hostfile(), target, warm_cache, "--offline", offline_bundle, "--no-verify")
+        assert result.returncode == 7, result.stderr[-3000:]
+        error = json.loads(result.stdout)["error"]
+        assert error["message"].startswith("the bundle does not serve 1 of the 2 node(s), so nothing was installed "
+                                           "on any node: node mls-node-b: the bundle in ")
+        assert removed.name in error["message"] and "mls-node-a" not in error["message"]
+        assert f"mlstack-ds bundle --to {offline_bundle} --python-version" in error["hint"]
+        assert [(n["host"], n["action"]) for n in error["nodes"]] == [("mls-node-a", "not-run"),
+                                                                       ("mls-node-b", "failed")]
+        for host in hosts.hosts:  # both as they were: no DeepSpeed, no receipt
+            status = node_status(hosts, host, target / "bin" / "python")
+            assert status["receipt"] is None and status["installed"]["deepspeed_version"] is None

@@ -4,6 +4,7 @@ tests/integration/conftest.py makes one per session (`made_bundle`), shared by e
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,14 @@ def make_bundle(to: Path, sdist: Path, *args: str) -> CliResult:
     """`mlstack-ds bundle --to TO --source SDIST --torch TORCH --json ARGS`, run to the end."""
     return run_cli("bundle", "--to", to, "--source", sdist, "--torch", TORCH, "--json", *args, columns=200,
                    timeout=900)
+
+
+def without_wheel(made: Path, copy: Path, project: str) -> Path:
+    """A copy of the bundle `made` at `copy` with `project`'s wheel removed (the wheel's path in the copy)."""
+    shutil.copytree(made, copy, dirs_exist_ok=True)
+    (removed,) = (copy / "simple" / project).glob("*.whl")
+    removed.unlink()
+    return removed
 
 
 # Printed on stderr by `network_namespace()`'s shell before its command starts: the routes it has (0: none out).
