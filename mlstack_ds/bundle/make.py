@@ -12,23 +12,21 @@ into DIR/simple/deepspeed with their plans, as `publish` does, and listed in the
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from packaging import tags
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from mlstack_ds import __version__
+from mlstack_ds.bundle.contents import BUILD_REQUIREMENTS, SIMPLE_DIR, requirement_name, sdist_requirements
 from mlstack_ds.bundle.download import NEVER_BUNDLED, make_torch_stub, pip_download, pip_error, project_of
 from mlstack_ds.bundle.manifest import (
     BundleFile,
@@ -40,7 +38,7 @@ from mlstack_ds.bundle.manifest import (
     read_manifest,
     write_manifest,
 )
-from mlstack_ds.errors import BuildError, EnvironmentProblem, FetchError, ToolError, UsageError
+from mlstack_ds.errors import BuildError, EnvironmentProblem, ToolError, UsageError
 from mlstack_ds.index.publish import (
     Publishable,
     locked_directory,
@@ -58,10 +56,8 @@ from mlstack_ds.source.fetch import fetch_archive, parse_source_spec
 
 # What DeepSpeed's build needs in the target beyond torch (it builds without isolation, with the target's own
 # setuptools): setuptools' bdist_wheel is there from 70.1; `wheel` adds it to older ones; ninja builds ops at once.
-BUILD_REQUIREMENTS = ("setuptools>=70.1", "wheel", "ninja")
 SOURCES_DIR = "sources"
 PATCHES_DIR = "patches"
-SIMPLE_DIR = "simple"
 _WHEEL_TIMEOUT_S = 900.0
 
 
@@ -152,7 +148,7 @@ def make_bundle(request: BundleRequest, status: Callable[[str], None] = lambda _
             for kind, requirements, what in groups:
                 status(f"pip download ({kind}) for {target.describe()}: {' '.join(requirements)}")
                 saved = pip_download(request.python, requirements, staging / kind, target, stub)
-                names = {_requirement_name(r) for r in requirements}
+                names = {requirement_name(r) for r in requirements}
                 for path in saved:
                     name, version = project_of(path.name)
                     project = canonicalize_name(name)
@@ -265,36 +261,6 @@ def _add(entries: dict[str, BundleFile], to: Path, rel: str, kind: str, project:
     entries[rel] = BundleFile(rel, sha256_of(path), path.stat().st_size, kind, project, version, why)
 
 
-def _requirement_name(text: str) -> str:
-    try:
-        return canonicalize_name(Requirement(text).name)
-    except InvalidRequirement:
-        return ""
-
-
-def sdist_requirements(archive: Path) -> tuple[str, ...]:
-    """DeepSpeed's runtime requirements as its sdist spells them (`requirements/requirements.txt`, what its
-    setup.py reads), torch left out: the target brings its own."""
-    try:
-        with tarfile.open(archive) as tar:
-            member = next((m for m in tar.getmembers() if m.isfile()
-                           and re.fullmatch(r"[^/]+/requirements/requirements\.txt", m.name)), None)
-            handle = tar.extractfile(member) if member is not None else None
-            text = handle.read().decode("utf-8") if handle is not None else None
-    except (OSError, tarfile.TarError) as exc:
-        raise FetchError(f"cannot read {archive.name}: {exc}", hint="the cached archive may be damaged; remove it "
-                         "from the cache and run again") from exc
-    if text is None:
-        raise FetchError(f"{archive.name} has no requirements/requirements.txt",
-                         hint="this does not look like a DeepSpeed sdist")
-    keep = []
-    for line in text.splitlines():
-        entry = line.split("#", 1)[0].strip()
-        if entry and _requirement_name(entry) not in NEVER_BUNDLED:
-            keep.append(entry)
-    return tuple(keep)
-
-
 def client_requirements() -> tuple[str, ...]:
     """The client libraries verify's client checks run (requirements/clients.txt, shipped with the tool)."""
     text = (data_dir("requirements") / "clients.txt").read_text(encoding="utf-8")
@@ -335,13 +301,3 @@ def write_pages(simple: Path) -> None:
         return
     projects = [d.name for d in simple.iterdir() if d.is_dir() and (d / "index.html").is_file()]
     write_text_atomically(simple / "index.html", root_page(projects))
-
-
-def file_digests(directory: Path, manifest: Manifest) -> Mapping[str, str]:
-    """sha256 of each file of the manifest found in `directory` (the `present` of coverage.missing)."""
-    found = {}
-    for item in manifest.files:
-        path = directory / item.path
-        if path.is_file():
-            found[item.path] = sha256_of(path)
-    return found

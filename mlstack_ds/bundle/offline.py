@@ -17,8 +17,8 @@ from pathlib import Path
 
 from packaging import tags
 
+from mlstack_ds.bundle.contents import BUILD_REQUIREMENTS, SIMPLE_DIR, file_digests, sdist_requirements
 from mlstack_ds.bundle.coverage import Missing, Need, Target, bundle_command, missing, wrong_target
-from mlstack_ds.bundle.make import BUILD_REQUIREMENTS, SIMPLE_DIR, file_digests, sdist_requirements
 from mlstack_ds.bundle.manifest import BundleTarget, Manifest, read_manifest
 from mlstack_ds.errors import FetchError, InstallError
 from mlstack_ds.index.simple import PROJECT

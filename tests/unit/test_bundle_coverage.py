@@ -1,5 +1,5 @@
 """`install --offline`'s check, as the pure `coverage.missing`/`wrong_target` over real files in a temporary
-bundle directory (hashed by `make.file_digests`, as install does): complete is empty; each way a bundle falls
+bundle directory (hashed by `contents.file_digests`, as install does): complete is empty; each way a bundle falls
 short is named, once, with its reason."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mlstack_ds.bundle.contents import file_digests
 from mlstack_ds.bundle.coverage import Need, Target, bundle_command, missing, wrong_target
-from mlstack_ds.bundle.make import file_digests
 from mlstack_ds.bundle.manifest import BundleFile, BundleTarget, Manifest
 
 LINUX = ("manylinux_2_36_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",

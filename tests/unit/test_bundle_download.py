@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mlstack_ds.bundle.contents import sdist_requirements
 from mlstack_ds.bundle.download import download_argv, make_torch_stub, platforms_for, project_of
-from mlstack_ds.bundle.make import sdist_requirements
 from mlstack_ds.bundle.manifest import BundleTarget
 from mlstack_ds.bundle.offline import OfflineBundle, pip_env
 from mlstack_ds.errors import FetchError, UsageError
