@@ -10,12 +10,14 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from mlstack_ds.bundle.manifest import read_manifest
 from mlstack_ds.cli.options import (
     DoctorConfigOption,
     DoctorHostfileOption,
     DoctorSlurmOption,
     IndexOption,
     JsonOption,
+    OfflineOption,
     PythonOption,
     RecipeOption,
 )
@@ -23,6 +25,7 @@ from mlstack_ds.cluster import slurm as slurm_allocation
 from mlstack_ds.cluster.hostfile import hostfile_world_size, parse_hostfile
 from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.doctor import diagnose
+from mlstack_ds.doctor.bundle import BundleQuestion
 from mlstack_ds.doctor.cluster import ClusterDiagnosis, diagnose_cluster, diagnose_slurm
 from mlstack_ds.doctor.logs import match_log_file
 from mlstack_ds.doctor.model import Finding
@@ -30,7 +33,8 @@ from mlstack_ds.doctor.report import render_markdown
 from mlstack_ds.doctor.rules import RULES
 from mlstack_ds.dsconfig.read import read_nvme_offload
 from mlstack_ds.errors import ExitCode, UsageError
-from mlstack_ds.recipe import DEFAULT_RECIPE, find_recipe
+from mlstack_ds.patches import series_for_recipe
+from mlstack_ds.recipe import DEFAULT_RECIPE, Recipe, find_recipe
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -73,24 +77,28 @@ def register(app: typer.Typer) -> None:
         hostfile: DoctorHostfileOption = None,
         slurm: DoctorSlurmOption = False,
         index: IndexOption = None,
+        offline: OfflineOption = None,
     ) -> None:
         """Find known ways DeepSpeed breaks on ROCm here, and say how to fix each. Exit 3 on errors."""
         if json_output and report:
             raise UsageError("--json and --report both print to stdout", hint="choose one")
         slurm_allocation.refuse_with_hostfile(slurm, hostfile)
+        pinned = find_recipe(recipe)  # a bad --recipe is refused before anything is probed
+        bundle = ask_bundle(offline, pinned) if offline is not None else None  # and a DIR that is not a bundle
         if slurm:
-            _doctor_slurm(python, json_output, {"--log": log, "--ds-config": ds_config, "--report": report or None})
+            _doctor_slurm(python, json_output, {"--log": log, "--ds-config": ds_config, "--report": report or None},
+                          bundle)
             return
         if hostfile is not None:
             _doctor_hostfile(hostfile, python, json_output, {"--log": log, "--ds-config": ds_config,
-                                                              "--report": report or None})
+                                                              "--report": report or None}, bundle)
             return
-        min_rocm = find_recipe(recipe).min_rocm  # a bad --recipe is refused before anything is probed
+        min_rocm = pinned.min_rocm
         log_findings = match_log_file(log, RULES) if log is not None else []
         nvme = read_nvme_offload(ds_config, python) if ds_config is not None else False
         output = make_output(json_output)
         diagnosis = diagnose(python=python, log_findings=log_findings, root=sys_root, nvme_offload=nvme,
-                             min_rocm=min_rocm, index=index or None)
+                             min_rocm=min_rocm, index=index or None, bundle=bundle)
         if not json_output:
             for note in diagnosis.notes:
                 output.warn(escape(note))
@@ -104,7 +112,16 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(int(ExitCode.ENVIRONMENT))
 
 
-def _doctor_hostfile(hostfile: Path, python: Path, json_output: bool, others: dict[str, object]) -> None:
+def ask_bundle(offline: Path, recipe: Recipe) -> BundleQuestion:
+    """DIR made absolute (the nodes are given this path) once its manifest reads (not a bundle: exit 2 at once),
+    with the recipe's whole series, as a plain install --offline checks it."""
+    directory = Path(os.path.abspath(offline))
+    read_manifest(directory)
+    return BundleQuestion(directory, recipe, tuple((p.name, p.sha256) for p in series_for_recipe(recipe).patches))
+
+
+def _doctor_hostfile(hostfile: Path, python: Path, json_output: bool, others: dict[str, object],
+                     bundle: BundleQuestion | None) -> None:
     """`doctor --hostfile`: the nodes, not this machine; the options about this machine do not apply."""
     clash = [name for name, value in others.items() if value is not None]
     if clash:
@@ -113,10 +130,12 @@ def _doctor_hostfile(hostfile: Path, python: Path, json_output: bool, others: di
     hosts = parse_hostfile(hostfile)
     hostfile_world_size(hostfile, hosts)
     output = make_output(json_output)
-    _emit_cluster(diagnose_cluster(hostfile, hosts, python, status=output.status), output, json_output)
+    _emit_cluster(diagnose_cluster(hostfile, hosts, python, bundle=bundle, status=output.status), output,
+                  json_output)
 
 
-def _doctor_slurm(python: Path, json_output: bool, others: dict[str, object]) -> None:
+def _doctor_slurm(python: Path, json_output: bool, others: dict[str, object], bundle: BundleQuestion | None
+                  ) -> None:
     """`doctor --slurm`: the allocation's nodes, through one srun step; like --hostfile, not this machine."""
     clash = [name for name, value in others.items() if value is not None]
     if clash:
@@ -125,7 +144,7 @@ def _doctor_slurm(python: Path, json_output: bool, others: dict[str, object]) ->
     allocation = slurm_allocation.current(os.environ)
     output = make_output(json_output)
     output.status(f"Slurm job {allocation.job_id}: asking {len(allocation.nodes)} node(s) through srun")
-    _emit_cluster(diagnose_slurm(allocation, python, status=output.status), output, json_output)
+    _emit_cluster(diagnose_slurm(allocation, python, bundle=bundle, status=output.status), output, json_output)
 
 
 def _emit_cluster(diagnosis: ClusterDiagnosis, output: Output, json_output: bool) -> None:

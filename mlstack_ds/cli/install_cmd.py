@@ -30,6 +30,7 @@ from mlstack_ds.cli.options import (
     JsonOption,
     LockTimeoutOption,
     NoPatchesOption,
+    OfflineOption,
     PythonOption,
     RebuildOption,
     RecipeOption,
@@ -75,11 +76,6 @@ CachedWheelOption = Annotated[str | None, typer.Option(
 IndexOnlyOption = Annotated[bool, typer.Option(
     "--index-only", help="With --index (or --offline): refuse (exit 7) instead of building when no prebuilt wheel "
     "of the index (or bundle) fits.")]
-OfflineOption = Annotated[Path | None, typer.Option(
-    "--offline", metavar="DIR", help="Install from a bundle (`mlstack-ds bundle --to DIR`) and nothing else: DIR is "
-    "checked to cover this install first (missing pieces are named, with the bundle command that adds them; exit 7); "
-    "then a prebuilt DeepSpeed wheel of DIR that fits is installed (`bundle --prebuilt`), else DIR's sdist is built; "
-    "pip gets --no-index and DIR only.")]
 WheelDirOption = Annotated[Path | None, typer.Option("--wheel-dir", help="Also copy the wheel into this directory.")]
 
 

@@ -227,6 +227,12 @@ BundleToOption = _to(Path, "DIR", "The bundle directory (made if absent; run aga
 # --- prebuilt wheels from a team's index: `install` and `doctor` (index/) ------------------------------------
 
 INDEX_VARIABLE = "MLSTACK_DS_INDEX"
+OfflineOption = Annotated[Path | None, typer.Option(
+    "--offline", metavar="DIR", help="A bundle (`mlstack-ds bundle --to DIR`). install: DIR is checked to cover this "
+    "install first (missing pieces are named, with the bundle command that adds them; exit 7), then a prebuilt "
+    "DeepSpeed wheel of DIR that fits is installed (`bundle --prebuilt`), else DIR's sdist is built; pip gets "
+    "--no-index and DIR only; with --hostfile/--slurm every node checks it before any installs "
+    "(DIR on a shared file system). doctor: reports that check (per node with --hostfile/--slurm).")]
 IndexOption = Annotated[str | None, typer.Option(
     "--index", metavar="URL|DIR", envvar=INDEX_VARIABLE, show_envvar=True,
     help="A package index of prebuilt DeepSpeed wheels (`mlstack-ds publish`): http(s)://.../simple or a "

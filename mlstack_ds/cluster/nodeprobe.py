@@ -106,6 +106,8 @@ class NodeFacts:
     task_env: Mapping[str, str] = field(default_factory=dict)  # TASK_VARIABLES set in its Slurm task
     rendezvous_resolved: tuple[str, ...] = ()  # what the rendezvous host's name resolves to there (Slurm)
     port_check: str | None = None  # "ok", or why the node could not connect to the rendezvous port (Slurm)
+    bundle_seen: bool | None = None  # `doctor --offline DIR`: DIR/bundle.json is there at this path; None: not asked
+    platform_tags: tuple[str, ...] = ()  # --offline: the wheel platform tags the node's pip takes, best first
 
     @property
     def gpu_archs(self) -> tuple[str, ...]:
@@ -140,15 +142,20 @@ class NodeFacts:
             "receipt": None if self.receipt is None else {
                 "path": self.receipt.path, "deepspeed_version": self.receipt.deepspeed_version,
                 "archs": list(self.receipt.archs), "problem": self.receipt.problem},
+            **({"bundle_seen": self.bundle_seen, "platform_tags": list(self.platform_tags)}
+               if self.bundle_seen is not None else {}),
             **({"task_env": dict(self.task_env), "rendezvous_resolves_to": list(self.rendezvous_resolved),
                 "rendezvous_port": self.port_check} if self.port_check is not None or self.task_env else {}),
         }
 
 
-def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = None) -> str:
+def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = None, bundle: Path | None = None
+                ) -> str:
     """The `sh -s` script for one node: each part after its own section line, the probe last. With
     `rendezvous` (host, port; `doctor --slurm`, run as a Slurm task): also the task's device and thread
-    variables, what the host resolves to there, and whether the target interpreter can connect to it."""
+    variables, what the host resolves to there, and whether the target interpreter can connect to it. With
+    `bundle` (`doctor --offline DIR`): whether DIR/bundle.json is there, and the node's wheel platform tags
+    (packaging's, from mlstack-ds's own interpreter: the target's may not have packaging)."""
     py, tool_q = shlex.quote(str(python)), shlex.quote(str(tool))
     slurm = ""
     if rendezvous is not None:
@@ -166,12 +173,22 @@ def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = N
         f"echo '{SECTION}env'\n{variables}"
         f"echo '{SECTION}rocm'; cat \"${{ROCM_PATH:-/opt/rocm}}/.info/version\" 2>/dev/null\n"
         f"echo '{SECTION}tool'; if test -x {tool_q}; then echo yes; else echo no; fi\n"
+        f"{'' if bundle is None else _bundle_part(bundle, tool_q)}"
         f"{slurm}echo '{SECTION}python'\n"
         f"if test -x {py}; then echo yes; {py} - <<'{_HEREDOC_END}' &\n"
         f"{_RECEIPT_SNIPPET}{PROBE_SCRIPT}\n{_HEREDOC_END}\n"
         f"{_ORPHAN_WATCH}"
         "else echo no; fi\n"
     )
+
+
+def _bundle_part(bundle: Path, tool_q: str) -> str:
+    manifest = shlex.quote(str(bundle / "bundle.json"))
+    return (f"echo '{SECTION}bundle'; if test -f {manifest}; then echo seen; else echo unseen; fi\n"
+            f"{tool_q} -c {shlex.quote(_TAGS_SNIPPET)} 2>/dev/null\n")
+
+
+_TAGS_SNIPPET = "from packaging.tags import platform_tags\nprint(' '.join(platform_tags()))"
 
 
 # ssh sends no hangup to a command without a terminal: when the tool is stopped (Ctrl-C) and its ssh goes,
@@ -202,6 +219,7 @@ def parse_node_output(host: str, stdout: str, python: Path, *, interrupted: str 
         target = parse_target_output(probe_output, python, interrupted=interrupted)
         receipt = _receipt(probe_output)
     tool = sections.get("tool", [])
+    bundle = sections.get("bundle", [])
     hostname = next((ln.strip() for ln in sections.get("hostname", []) if ln.strip()), None)
     rocm = next((ln.strip() for ln in sections.get("rocm", []) if ln.strip()), None)
     return NodeFacts(
@@ -211,17 +229,19 @@ def parse_node_output(host: str, stdout: str, python: Path, *, interrupted: str 
         python_present=python_present, target=target, receipt=receipt,
         task_env={k: v for k, v in (ln.split("=", 1) for ln in sections.get("task_env", []) if "=" in ln) if v},
         rendezvous_resolved=parse_getent(sections.get("rendezvous", [])),
-        port_check=next((ln.strip() for ln in sections.get("port", []) if ln.strip()), None))
+        port_check=next((ln.strip() for ln in sections.get("port", []) if ln.strip()), None),
+        bundle_seen={"seen": True, "unseen": False}.get(bundle[0].strip()) if bundle else None,
+        platform_tags=tuple(bundle[1].split()) if len(bundle) > 1 else ())
 
 
 def probe_node(host: str, python: Path, tool: Path, *, env: Mapping[str, str] | None = None,
-               timeout: float = NODE_TIMEOUT_S) -> NodeFacts:
+               timeout: float = NODE_TIMEOUT_S, bundle: Path | None = None) -> NodeFacts:
     """Ask `host` everything in one ssh call: `sh -s` with the script on stdin (the remote command stays
     `sh -s`, which every login shell, csh too, passes on unchanged; a multi-line `sh -c` would not). The
     call runs in the background, so that a torch import that hangs there still leaves everything printed
     before it (the node's name, network, the probe's first line). An unreachable node is a fact too."""
     try:
-        with remote.start_on(host, ["sh", "-s"], input_text=node_script(python, tool), timeout=timeout,
+        with remote.start_on(host, ["sh", "-s"], input_text=node_script(python, tool, bundle=bundle), timeout=timeout,
                              env=env) as pending:
             try:
                 result = pending.result()

@@ -24,6 +24,7 @@ from mlstack_ds.cluster.nodeprobe import (
     probe_node,
 )
 from mlstack_ds.cluster.slurm import Allocation
+from mlstack_ds.doctor.bundle import BundleCoverage, BundleQuestion, covered_note, nodes_coverage
 from mlstack_ds.doctor.cluster_input import ClusterInput
 from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
@@ -49,7 +50,8 @@ class ClusterDiagnosis:
                       {"host": inp.rendezvous[0], "port": inp.rendezvous[1], "listen_problem": inp.port_problem}}})
         return {**where, "python": str(inp.python), "mlstack_ds_python": str(inp.tool),
                 "head": {"pdsh": inp.head_pdsh, "interface_variables": dict(inp.head_env)},
-                "nodes": [n.to_json() for n in inp.nodes], "findings": [f.to_dict() for f in self.findings]}
+                "nodes": [n.to_json() for n in inp.nodes], "findings": [f.to_dict() for f in self.findings],
+                **({"offline": {host: c.to_dict() for host, c in inp.bundle.items()}} if inp.bundle else {})}
 
 
 def run_cluster_rules(inp: ClusterInput, rules: Iterable[Rule] = RULES) -> list[Finding]:
@@ -82,7 +84,7 @@ def node_status(node: NodeFacts, python: Path) -> str:
 
 
 def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, tool: Path | None = None,
-                     env: Mapping[str, str] | None = None,
+                     env: Mapping[str, str] | None = None, bundle: BundleQuestion | None = None,
                      status: Callable[[str], None] = lambda _m: None) -> ClusterDiagnosis:
     """Probe every host with slots (a status line each as it answers; the facts in hostfile order), then
     the rules."""
@@ -91,19 +93,20 @@ def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, to
     names = [h.host for h in hosts if h.slots > 0]
 
     def probe(host: str) -> NodeFacts:
-        return probe_node(host, python, tool, env=env)
+        return probe_node(host, python, tool, env=env, bundle=bundle.directory if bundle else None)
 
     # a status line as each node answers, slow ones last; the facts in hostfile order
     nodes = on_each(names, probe, done=lambda _host, node: status(node_status(node, python)),
                     kill_on_interrupt=True)
     pdsh = runner.which("pdsh", path=environ.get("PATH"))
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=str(pdsh) if pdsh else None,
-                       head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)})
+                       head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)},
+                       bundle=bundle_on_nodes(nodes, bundle, status))
     return ClusterDiagnosis(hostfile, inp, run_cluster_rules(inp))
 
 
 def diagnose_slurm(allocation: Allocation, python: Path, *, tool: Path | None = None,
-                   env: Mapping[str, str] | None = None,
+                   env: Mapping[str, str] | None = None, bundle: BundleQuestion | None = None,
                    status: Callable[[str], None] = lambda _m: None) -> ClusterDiagnosis:
     """`doctor --slurm`: every allocated node asked at once by one srun step (one task per node, the same
     script `--hostfile` sends over ssh, plus the task's device/thread variables, the rendezvous host's
@@ -116,7 +119,8 @@ def diagnose_slurm(allocation: Allocation, python: Path, *, tool: Path | None = 
     with _listening(port) as port_problem:
         try:
             answers, result = srun.on_each_node(
-                allocation, list(allocation.nodes), ["sh", "-s"], input_text=node_script(python, tool, rendezvous),
+                allocation, list(allocation.nodes), ["sh", "-s"],
+                input_text=node_script(python, tool, rendezvous, bundle.directory if bundle else None),
                 timeout_s=NODE_TIMEOUT_S * 2, env=environ, name=f"{launcher.new_run_id()}-doctor")
             code: int | None = result.returncode
         except ToolTimedOut:
@@ -132,8 +136,21 @@ def diagnose_slurm(allocation: Allocation, python: Path, *, tool: Path | None = 
         nodes.append(node)
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=None,
                        head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)}, launcher="srun",
-                       rendezvous=rendezvous, port_problem=port_problem, job_id=allocation.job_id)
+                       rendezvous=rendezvous, port_problem=port_problem, job_id=allocation.job_id,
+                       bundle=bundle_on_nodes(nodes, bundle, status))
     return ClusterDiagnosis(None, inp, run_cluster_rules(inp))
+
+
+def bundle_on_nodes(nodes: list[NodeFacts], bundle: BundleQuestion | None, status: Callable[[str], None]
+                    ) -> dict[str, BundleCoverage]:
+    """`--offline DIR`: each node's coverage (a status line for each node it covers; the others are a finding)."""
+    if bundle is None:
+        return {}
+    found = nodes_coverage(nodes, bundle)
+    for host, coverage in found.items():
+        if coverage.covered:
+            status(f"{host}: {covered_note(coverage, bundle.recipe, 'there')}")
+    return found
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlstack_ds.cluster.nodeprobe import IFNAME_VARIABLES, NodeFacts
+from mlstack_ds.doctor.bundle import BundleCoverage
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class ClusterInput:
     rendezvous: tuple[str, int] | None = None  # --slurm: the host and port the ranks would meet at
     port_problem: str | None = None  # --slurm: why this host could not listen on that port (in use...)
     job_id: str | None = None  # --slurm: the allocation
+    bundle: Mapping[str, BundleCoverage] = field(default_factory=dict)  # --offline DIR: each node's coverage
 
     @property
     def reachable(self) -> tuple[NodeFacts, ...]:

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlstack_ds.bundle.offline import here
 from mlstack_ds.detect.environment import detect_with_target, resolve_python
 from mlstack_ds.detect.host import cpu_flags
 from mlstack_ds.detect.model import Environment
+from mlstack_ds.doctor.bundle import BundleCoverage, BundleQuestion, bundle_coverage, covered_note
 from mlstack_ds.doctor.facts import SystemFacts, collect_facts
 from mlstack_ds.doctor.logs import match_log
 from mlstack_ds.doctor.model import DoctorInput, Finding, Rule, default_min_rocm, sort_findings
@@ -29,6 +31,7 @@ class Diagnosis:
     facts: SystemFacts
     findings: list[Finding]
     notes: tuple[str, ...] = ()  # what doctor --index found (or why it could not ask the index)
+    bundle: BundleCoverage | None = None  # doctor --offline DIR
 
     @property
     def has_errors(self) -> bool:
@@ -39,6 +42,7 @@ class Diagnosis:
             "environment": self.env.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
             "warnings": [*self.env.warnings, *self.facts.warnings, *self.notes],
+            **({"offline": self.bundle.to_dict()} if self.bundle is not None else {}),
         }
 
 
@@ -62,6 +66,7 @@ def diagnose(
     min_rocm: str | None = None,
     nvme_offload: bool = False,
     index: str | None = None,
+    bundle: BundleQuestion | None = None,
 ) -> Diagnosis:
     """Detect, collect facts, run every rule. A log is matched by the caller (`match_log_stream`, in
     bounded memory) and passed as `log_findings`; `log_text` is the same for a log already in memory."""
@@ -73,13 +78,16 @@ def diagnose(
     env = detection.environment
     facts = collect_facts(env, environ=environ, root=root, target=detection.target)
     prebuilt, notes = index_fit(env, index) if index else (None, ())
+    coverage = bundle_coverage(bundle, here(env.python.version)) if bundle else None
+    if bundle and coverage and coverage.covered:
+        notes = (*notes, covered_note(coverage, bundle.recipe, "here"))
     inp = DoctorInput(env=env, facts=facts, min_rocm=min_rocm or default_min_rocm(), nvme_offload=nvme_offload,
-                      prebuilt=prebuilt)
+                      prebuilt=prebuilt, bundle=coverage)
     findings = [*run_rules(inp), *log_findings]
     if log_text is not None:
         findings += match_log(log_text, RULES)
     findings = sort_findings(findings)
-    return Diagnosis(env=env, facts=facts, findings=findings, notes=notes)
+    return Diagnosis(env=env, facts=facts, findings=findings, notes=notes, bundle=coverage)
 
 
 def index_fit(env: Environment, index: str) -> tuple[str | None, tuple[str, ...]]:

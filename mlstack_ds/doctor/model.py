@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from mlstack_ds.detect.model import Environment
+from mlstack_ds.doctor.bundle import BundleCoverage
 from mlstack_ds.doctor.facts import SystemFacts
 from mlstack_ds.recipe import find_recipe
 
@@ -43,6 +44,8 @@ class DoctorInput:
     # `doctor --index` (or MLSTACK_DS_INDEX): the index wheel that fits this machine, if one does; compiling
     # is then not needed, and a missing compiler is no error.
     prebuilt: str | None = None
+    # `doctor --offline DIR`: whether the bundle covers installing the recipe here (install --offline's check).
+    bundle: BundleCoverage | None = None
 
 
 @dataclass(frozen=True)

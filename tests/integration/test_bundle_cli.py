@@ -155,6 +155,26 @@ def test_a_venv_that_cannot_build_wheels_gets_a_fix_that_takes_the_package_from_
 
 
 @pytest.mark.slow
+def test_doctor_offline_says_the_bundle_covers_this_install_or_names_what_it_lacks(
+        made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    covered = run_cli("doctor", "--offline", made[0], "--json", columns=200, timeout=300)
+    document = json.loads(covered.stdout)
+    assert document["offline"]["covered"] is True and document["offline"]["python_version"] == HERE
+    assert "MLS-BUILD-008" not in {f["rule_id"] for f in document["findings"]}
+    assert any(w.startswith(f"bundle {made[0]}: covers installing ") for w in document["warnings"])
+    copy = tmp_path / "copy"
+    removed = without_wheel(made[0], copy, "hjson")
+    lacking = run_cli("doctor", "--offline", copy, "--json", columns=200, timeout=300)
+    assert lacking.returncode == 3, lacking.stderr[-3000:]
+    document = json.loads(lacking.stdout)
+    (finding,) = [f for f in document["findings"] if f["rule_id"] == "MLS-BUILD-008"]
+    assert finding["severity"] == "error" and removed.name in finding["evidence"]
+    assert f"mlstack-ds bundle --to {copy} --python-version {HERE}" in finding["fix"][0]
+    assert document["offline"]["covered"] is False
+    assert [m["name"] for m in document["offline"]["missing"]] == ["hjson"]
+
+
+@pytest.mark.slow
 def test_a_bundle_for_another_python_is_refused_with_the_reason(
         made: tuple[Path, dict[str, Any]], deepspeed_sdist: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
@@ -199,6 +219,8 @@ def test_install_offline_refuses_what_is_not_a_bundle_and_other_sources(tmp_path
     done = run_cli("install", "--offline", tmp_path, "--dry-run", "--json", columns=200, timeout=300)
     assert done.returncode == 2 and "is not a bundle (no bundle.json)" in done.one_error()[0]
     assert json.loads(done.stdout)["error"]["exit_code"] == 2
+    not_a_bundle = run_cli("doctor", "--offline", tmp_path, "--json", columns=200, timeout=120)
+    assert not_a_bundle.returncode == 2 and "is not a bundle (no bundle.json)" in not_a_bundle.one_error()[0]
     for args in (["--source", "git"], ["--index", str(tmp_path)]):  # --hostfile/--slurm: tests/multinode
         clash = run_cli("install", "--offline", tmp_path, *args, columns=200, timeout=120)
         assert clash.returncode == 2, clash.stderr[-2000:]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support import slurm_cluster as slurm_harness
+from support.bundles import bundle
 from support.slurm_cluster import SlurmCluster, slurm_cluster
 from support.two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
 
@@ -42,6 +43,16 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         pytest.skip(why)
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def offline_bundle(deepspeed_sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real bundle for this machine (`bundle --source` the cached sdist; about 30 s), for every `--offline`
+    test of the multi-node tests: do not modify it (copy it)."""
+    to = tmp_path_factory.mktemp("offline") / "bundle"
+    done = bundle(to, deepspeed_sdist)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return to
 
 
 @pytest.fixture

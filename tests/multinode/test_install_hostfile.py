@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from support.bundles import make_bundle, without_wheel
+from support.bundles import without_wheel
 from support.cli import run_cli
 from support.e2e import Target
 from support.two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli, host_cli
@@ -181,16 +181,6 @@ def test_install_then_verify_across_the_nodes(two_hosts_shared: TwoHosts, target
     assert "mls-node-b: reachable, ranks 1, shared file system" in result.stderr  # one progress line per node
 
 
-@pytest.fixture(scope="module")
-def offline_bundle(deepspeed_sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real bundle for this machine (`bundle --source` the cached sdist; about 30 s), shared by the module's
-    `--offline` tests: do not modify it (copy it)."""
-    to = tmp_path_factory.mktemp("offline") / "bundle"
-    done = make_bundle(to, deepspeed_sdist)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return to
-
-
 @pytest.mark.slow
 def test_one_bundle_serves_the_install_on_both_nodes(
         node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], target: Path, warm_cache: Path,
@@ -229,3 +219,20 @@ def test_a_bundle_that_does_not_serve_one_node_installs_nothing_on_any(
         for host in hosts.hosts:  # both as they were: no DeepSpeed, no receipt
             status = node_status(hosts, host, target / "bin" / "python")
             assert status["receipt"] is None and status["installed"]["deepspeed_version"] is None
+
+
+@pytest.mark.slow
+def test_doctor_offline_says_what_the_bundle_covers_on_each_node(
+        node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], offline_bundle: Path) -> None:
+    python = Path(sys.executable)  # the test venv (this machine's Python: the bundle's), no install needed
+    with node_local_hosts(first_node_only=[offline_bundle]) as hosts:  # node b sees an empty DIR
+        result = head_cli(hosts, "doctor", "--hostfile", hosts.hostfile(), "--python", python, "--offline",
+                          offline_bundle, "--json", timeout=300)
+    assert result.returncode == 3, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert {host: c["covered"] for host, c in document["offline"].items()} == {"mls-node-a": True,
+                                                                               "mls-node-b": False}
+    (finding,) = [f for f in document["findings"] if f["rule_id"] == "MLS-BUILD-008"]
+    assert finding["evidence"] == f"mls-node-b: {offline_bundle} is not a bundle there (no bundle.json at that path)"
+    assert "same path" in finding["fix"][0]
+    assert f"mls-node-a: bundle {offline_bundle}: covers installing " in result.stderr

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from packaging import tags
 from support.target_env import bare_venv
 
 from mlstack_ds.cluster.nodeprobe import (
@@ -23,6 +24,7 @@ from mlstack_ds.cluster.nodeprobe import (
 )
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
 from mlstack_ds.detect.target_probe import PROBE_CEILING_S, TargetFacts
+from mlstack_ds.doctor.bundle import SHARED_HINT, BundleCoverage
 from mlstack_ds.doctor.cluster import run_cluster_rules
 from mlstack_ds.doctor.cluster_input import ClusterInput, common_interface
 from mlstack_ds.doctor.model import Finding
@@ -86,6 +88,8 @@ def task(facts: NodeFacts, resolved: str = "10.0.0.1", port: str = "ok", **env: 
 SLURM_HEALTHY = slurm_input(task(node("n1", 1)), task(node("n2", 2)))
 
 TRIGGERS: dict[str, Callable[[], ClusterInput]] = {
+    "MLS-BUILD-008": lambda: replace(HEALTHY, bundle={"n2": BundleCoverage(
+        Path("/srv/bundle"), None, "/srv/bundle is not a bundle there (no bundle.json at that path)", SHARED_HINT)}),
     "MLS-MN-001": lambda: cluster(node("n1", 1), NodeFacts("n3", unreachable="connect to host n3 port 22: "
                                                                              "Connection refused")),
     "MLS-MN-002": lambda: cluster(node("n1", 1), NodeFacts("n2", hostname="n2", python_present=False)),
@@ -255,11 +259,11 @@ def test_parsers() -> None:
         ("mls0", "fe80::f86a:1fff:fee8:dae2/64", "link"), ("docker0", "172.17.0.1/16", "global")]
 
 
-def run_script(python: Path, tool: Path) -> subprocess.CompletedProcess[str]:
+def run_script(python: Path, tool: Path, bundle: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The node script as ssh runs it there: `sh -s`, the script on stdin. The limit only catches a hang: the
     script imports torch, which took 111 s at a load of 25 (the probe's own ceiling, not a speed test)."""
-    return subprocess.run(["sh", "-s"], input=node_script(python, tool), capture_output=True, text=True,
-                          timeout=PROBE_CEILING_S, check=True)
+    return subprocess.run(["sh", "-s"], input=node_script(python, tool, bundle=bundle), capture_output=True,
+                          text=True, timeout=PROBE_CEILING_S, check=True)
 
 
 def test_node_script_runs_in_sh_and_parses(tmp_path: Path) -> None:
@@ -279,6 +283,19 @@ def test_node_script_without_the_python(tmp_path: Path) -> None:
     result = run_script(missing, missing)
     facts = parse_node_output("here", result.stdout, missing)
     assert facts.python_present is False and facts.tool_present is False and facts.target is None
+
+
+def test_node_script_says_whether_the_node_sees_the_bundle_and_its_platform_tags(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text("{}")
+    missing = tmp_path / "no-venv" / "bin" / "python"  # no target: no torch import, the script is quick
+    for where, seen in ((bundle, True), (tmp_path / "elsewhere", False)):
+        facts = parse_node_output("here", run_script(missing, Path(sys.executable), bundle=where).stdout, missing)
+        assert facts.bundle_seen is seen and facts.platform_tags == tuple(tags.platform_tags())
+        assert facts.to_json()["bundle_seen"] is seen
+    plain = parse_node_output("here", run_script(missing, Path(sys.executable)).stdout, missing)
+    assert plain.bundle_seen is None and plain.platform_tags == () and "bundle_seen" not in plain.to_json()
 
 
 def test_node_script_reads_the_receipt(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from support.doctor_inputs import (
@@ -24,6 +25,7 @@ from support.doctor_inputs import (
 )
 
 from mlstack_ds.detect.model import DeepSpeedInfo, GpuAgent, PythonInfo, RocmInstall, TorchInfo
+from mlstack_ds.doctor.bundle import BundleCoverage
 from mlstack_ds.doctor.engine import run_rules
 from mlstack_ds.doctor.jitlocks import JitLock, JitLockScan
 from mlstack_ds.doctor.model import DoctorInput, Finding
@@ -142,6 +144,9 @@ TRIGGERS: dict[str, Callable[[], DoctorInput]] = {
     "MLS-BUILD-005": lambda: make_input(facts=healthy_facts(libaio_headers=False)),
     "MLS-BUILD-007": lambda: make_input(dataclasses.replace(
         make_env(), python=PythonInfo("/venv/bin/python", "3.11.7", setuptools="65.5.0", wheel_package=False))),
+    "MLS-BUILD-008": lambda: dataclasses.replace(make_input(), bundle=BundleCoverage(
+        Path("/srv/bundle"), "3.11", "the bundle in /srv/bundle lacks what this install needs: hjson (runtime: ...)",
+        "complete it: mlstack-ds bundle --to /srv/bundle ...")),
     "MLS-DS-001": lambda: make_input(
         make_env(torch=rocm_torch("2.3.1+rocm6.0", HIP_60), deepspeed=ds("0.14.0"), rocm=rocm("6.0.2")),
         healthy_facts(ds_build=ds_build({"async_io": False, "cpu_adam": False}, "0.0", "0.0"))),
@@ -204,6 +209,7 @@ SILENT: dict[str, Callable[[], DoctorInput]] = {
     "MLS-BUILD-005": make_input,
     "MLS-BUILD-007": lambda: make_input(dataclasses.replace(
         make_env(), python=PythonInfo("/venv/bin/python", "3.11.7", setuptools="65.5.0", wheel_package=True))),
+    "MLS-BUILD-008": lambda: dataclasses.replace(make_input(), bundle=BundleCoverage(Path("/srv/bundle"), "3.11")),
     "MLS-DS-001": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
     "MLS-DS-002": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),
     "MLS-DS-003": lambda: make_input(make_env(deepspeed=ds()), healthy_facts(ds_build=ds_build())),

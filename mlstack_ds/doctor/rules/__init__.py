@@ -5,6 +5,7 @@ from __future__ import annotations
 from mlstack_ds.doctor.model import RULE_ID_RE, Rule
 from mlstack_ds.doctor.rules import (
     build_rules,
+    bundle_rules,
     client_rules,
     cluster_rules,
     deepspeed_rules,
@@ -40,6 +41,7 @@ RULES: tuple[Rule, ...] = _registry(
     wheel_rules.RULES,
     variable_rules.RULES,
     build_rules.RULES,
+    bundle_rules.RULES,
     jit_rules.RULES,
     deepspeed_rules.RULES,
     client_rules.RULES,
