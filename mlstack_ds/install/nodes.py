@@ -31,7 +31,7 @@ from mlstack_ds.console import Output
 from mlstack_ds.errors import EnvironmentProblem, ExitCode, InstallError, MlstackError, UsageError
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build
 from mlstack_ds.plan.buildplan import BuildPlan
-from mlstack_ds.source.cache import Cache, sha256_of
+from mlstack_ds.source.cache import Cache, default_cache_dir, sha256_of
 from mlstack_ds.verify.report import VerifyReport
 from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
@@ -278,7 +278,7 @@ def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output
     facts: list[NodeFacts] = on_each([h.host for h in hosts], lambda host: node_facts(host, python),
                                      done=ready, in_order=True)
     plan = plan_for_nodes(request, facts)
-    cache_root, index, node_args = args_for_nodes(plan, python, output)
+    cache_root, index, node_args = args_for_nodes(plan, python, output, dry_run=dry_run)
     if request.offline is not None:
         check_bundle_on_nodes(request.offline, [h.host for h in hosts], results, output, parallel=True,
                               dry_run=lambda host: run_tool(host, [*node_args, "--dry-run"], timeout=DETECT_TIMEOUT_S))
@@ -318,11 +318,15 @@ def plan_for_nodes(request: InstallRequest, facts: Sequence[NodeFacts]) -> Nodes
     return NodesPlan(effective, prepared)
 
 
-def args_for_nodes(nodes: NodesPlan, python: Path, output: Output) -> tuple[Path, str | None, list[str]]:
+def args_for_nodes(nodes: NodesPlan, python: Path, output: Output, *, dry_run: bool = False
+                   ) -> tuple[Path, str | None, list[str]]:
     """(the head's cache root; the index every node installs from, or None: the head's wheel; the install
-    command line each node runs). Known before the build, so that `--offline` can dry-run it on every node."""
+    command line each node runs). Known before the build, so that `--offline` can dry-run it on every node;
+    a dry run names the cache without creating it."""
     plan = nodes.plan
-    cache_root = Cache.open(nodes.request.cache_dir).root.absolute()
+    cache_dir = nodes.request.cache_dir
+    cache_root = ((Path(cache_dir) if cache_dir is not None else default_cache_dir()) if dry_run
+                  else Cache.open(cache_dir).root).absolute()
     index = index_for_nodes(nodes.prepared, output)
     node_args = node_install_args(nodes.request, python, cache_root, plan.archs if plan.platform == "rocm" else (),
                                   plan.cache_key, index=index)

@@ -68,7 +68,7 @@ def run_slurm_install(request: InstallRequest, output: Output, progress: BuildPr
         output.status(f"{found.host}: ready ({found.platform}"
                       + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
     plan = plan_for_nodes(request, facts)
-    cache_root, index, node_args = args_for_nodes(plan, python, output)
+    cache_root, index, node_args = args_for_nodes(plan, python, output, dry_run=dry_run)
     if request.offline is not None:  # one srun step per node, one after the other: steps may not overlap
         check_bundle_on_nodes(request.offline, hosts, results, output, parallel=False, dry_run=lambda host: run_tool_on(
             allocation, host, [*node_args, "--dry-run"], timeout_s=DETECT_TIMEOUT_S, env=environ))

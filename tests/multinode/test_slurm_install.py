@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -112,3 +113,19 @@ def test_node_local_venvs_are_installed_on_each_node_and_a_failure_rolls_back(
                                                                        ("mls-node-b", "failed")]
         assert status(cluster, "mls-node-a", target)["receipt"] is None
         assert cluster.wait_no_leftovers(120) == {}
+
+
+def test_offline_checks_the_bundle_on_every_node_through_srun(slurm: SlurmCluster, offline_bundle: Path,
+                                                             tmp_path: Path) -> None:
+    """`install --slurm --offline DIR --dry-run`: each node's own check of the bundle, one srun step each, and the
+    plan from the bundle's sdist; the target is the test venv (this machine's Python, the bundle's), no install."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
+    out = slurm.salloc(cli_argv("install", "--slurm", "--python", sys.executable, "--cache-dir", tmp_path / "cache",
+                                "--offline", offline_bundle, "--dry-run", "--json"), env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    document = json.loads(out.stdout)
+    assert document["plan"]["source"] == f"offline:{offline_bundle}"
+    assert [(n["host"], n["action"]) for n in document["nodes"]] == [(n, "checked") for n in NODE_NAMES]
+    for name in NODE_NAMES:
+        assert f"{name}: the bundle {offline_bundle} covers this install there" in out.stderr
+    assert not (tmp_path / "cache").exists()  # a dry run: nothing written, not even the cache
