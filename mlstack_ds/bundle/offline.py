@@ -24,6 +24,9 @@ from mlstack_ds.errors import FetchError, InstallError
 from mlstack_ds.index.simple import PROJECT
 from mlstack_ds.recipe import Recipe
 
+# How both refusals end; what repeats the reason elsewhere (each node of --hostfile, doctor) leaves it off.
+NOTHING_INSTALLED = "; nothing was installed"
+
 
 @dataclass(frozen=True)
 class OfflineBundle:
@@ -71,7 +74,7 @@ def check_offline(directory: Path, recipe: Recipe, series: Sequence[tuple[str, s
         platform = (manifest.target.platform if manifest.target.platform in target.platforms
                     else next((t for t in target.platforms if t.startswith("manylinux_")), target.platforms[0]))
         other = directory.with_name(f"{directory.name}-py{target.python_version}")
-        raise InstallError(f"the bundle in {directory} does not fit this target: {reason}; nothing was installed",
+        raise InstallError(f"the bundle in {directory} does not fit this target: {reason}{NOTHING_INSTALLED}",
                            hint="make one for this target (each target has its own directory) on a machine with "
                            "network access: " + bundle_command(other, BundleTarget(target.python_version, platform),
                                                                recipe.name, clients=manifest.clients,
@@ -90,7 +93,7 @@ def check_offline(directory: Path, recipe: Recipe, series: Sequence[tuple[str, s
         modified = [item.path for item in manifest.files if item.path in present and present[item.path] != item.sha256]
         first = f"remove the modified {', '.join(modified)}, then " if modified else ""
         raise InstallError(f"the bundle in {directory} lacks what this install needs: "
-                           f"{describe(gaps)}; nothing was installed",
+                           f"{describe(gaps)}{NOTHING_INSTALLED}",
                            hint=f"on a machine with network access, {first}complete it (a bundle only adds files): "
                            f"{fix}; then copy it here again", details={"missing": [g.__dict__ for g in gaps]})
     return OfflineBundle(directory, manifest, sdist)

@@ -15,6 +15,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from mlstack_ds.build.wheel import BuildProgress
+from mlstack_ds.bundle.manifest import read_manifest
 from mlstack_ds.cli.options import (
     DEFAULT_RECIPE,
     DEFAULT_SOURCE,
@@ -116,6 +117,7 @@ def install_command(
                        offline=Path(os.path.abspath(offline)) if offline is not None else None)
     if offline is not None:
         refuse_with_offline(offline, source=source, git=git_url or git_commit, sha256=sha256, index=index)
+        read_manifest(request.offline)  # not a bundle: exit 2 at once, before any node (or the target) is asked
     if index_only and not index and offline is None:
         raise UsageError("--index-only needs --index (or MLSTACK_DS_INDEX) or --offline",
                          hint="name the index: --index URL|DIR")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.bundle.coverage import Target
-from mlstack_ds.bundle.offline import check_offline
+from mlstack_ds.bundle.offline import NOTHING_INSTALLED, check_offline
 from mlstack_ds.cluster.nodeprobe import NodeFacts
 from mlstack_ds.errors import InstallError
 from mlstack_ds.recipe import Recipe
@@ -58,7 +58,7 @@ def bundle_coverage(question: BundleQuestion, target: Target) -> BundleCoverage:
         check_offline(directory, question.recipe, question.series, target)
     except InstallError as exc:
         missing = exc.details.get("missing")
-        return BundleCoverage(directory, target.python_version, exc.message, exc.hint,
+        return BundleCoverage(directory, target.python_version, exc.message.removesuffix(NOTHING_INSTALLED), exc.hint,
                               tuple(missing) if isinstance(missing, list) else ())
     return BundleCoverage(directory, target.python_version)
 

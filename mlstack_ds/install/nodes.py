@@ -23,6 +23,7 @@ from typing import Any
 
 from mlstack_ds import gfx, runner
 from mlstack_ds.build.wheel import BuildProgress
+from mlstack_ds.bundle.offline import NOTHING_INSTALLED
 from mlstack_ds.cluster import remote
 from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
@@ -228,12 +229,17 @@ def node_failure(host: str, run: ToolRun, rolled_back: Sequence[str], not_rolled
                  ) -> MlstackError:
     """The error of the run: the node and its reason, with the node's own exit code (install's 7 when it
     gave none of ours), and what happened to the nodes installed before it."""
-    code = run.returncode if run.returncode in {int(c) for c in ExitCode} - {0, 1} else int(ExitCode.INSTALL)
+    code = node_exit_code(run)
     undone = f"; rolled back on {', '.join(rolled_back)}" if rolled_back else ""
     stuck = "".join(f"; rollback failed on {h}: {why}" for h, why in not_rolled_back.items())
     return InstallError(f"node {host}: install failed: {run.error_message()}{undone}{stuck}",
                         hint=run.error_hint() or "fix that node and run the same command again",
-                        exit_code=ExitCode(code))
+                        exit_code=code)
+
+
+def node_exit_code(run: ToolRun) -> ExitCode:
+    """The node's own exit code when it is one of ours (not 0, not a crash's 1), else install's 7."""
+    return ExitCode(run.returncode) if run.returncode in {int(c) for c in ExitCode} - {0, 1} else ExitCode.INSTALL
 
 
 def require_ssh(hosts: Sequence[HostEntry]) -> None:
@@ -358,16 +364,15 @@ def check_bundle_on_nodes(bundle: Path, hosts: Sequence[str], results: Mapping[s
     for host, run in failed:
         results[host].action, results[host].error = "failed", run.error_message()
         output.status(f"{host}: {run.error_message()}")
-    code = failed[0][1].returncode
-    code = code if code in {int(c) for c in ExitCode} - {0, 1} else int(ExitCode.INSTALL)
+    code = node_exit_code(failed[0][1])
     unseen = " (--offline DIR must be the same path on every node: a shared file system)" if code == 2 else ""
-    said = "; ".join(f"node {host}: {run.error_message().removesuffix('; nothing was installed')}"
+    said = "; ".join(f"node {host}: {run.error_message().removesuffix(NOTHING_INSTALLED)}"
                      for host, run in failed)
     hints = dict.fromkeys(run.error_hint() for _host, run in failed if run.error_hint())
-    raise with_nodes(InstallError(f"the bundle does not serve {len(failed)} of the {len(hosts)} node(s), so nothing "
-                                  f"was installed on any node: {said}",
+    raise with_nodes(InstallError(f"{len(failed)} of the {len(hosts)} node(s) cannot install from the bundle, so "
+                                  f"nothing was installed on any node: {said}",
                                   hint=" | ".join(hints) + unseen if hints else f"fix the bundle{unseen}",
-                                  exit_code=ExitCode(code)), results)
+                                  exit_code=code), results)
 
 
 def index_for_nodes(prepared: Prepared, output: Output) -> str | None:

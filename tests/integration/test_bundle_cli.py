@@ -219,8 +219,9 @@ def test_install_offline_refuses_what_is_not_a_bundle_and_other_sources(tmp_path
     done = run_cli("install", "--offline", tmp_path, "--dry-run", "--json", columns=200, timeout=300)
     assert done.returncode == 2 and "is not a bundle (no bundle.json)" in done.one_error()[0]
     assert json.loads(done.stdout)["error"]["exit_code"] == 2
-    not_a_bundle = run_cli("doctor", "--offline", tmp_path, "--json", columns=200, timeout=120)
-    assert not_a_bundle.returncode == 2 and "is not a bundle (no bundle.json)" in not_a_bundle.one_error()[0]
+    for args in (["doctor"], ["install", "--hostfile", str(tmp_path / "h")]):  # said before any node is asked
+        not_a_bundle = run_cli(*args, "--offline", tmp_path, "--json", columns=200, timeout=120)
+        assert not_a_bundle.returncode == 2 and "is not a bundle (no bundle.json)" in not_a_bundle.one_error()[0]
     for args in (["--source", "git"], ["--index", str(tmp_path)]):  # --hostfile/--slurm: tests/multinode
         clash = run_cli("install", "--offline", tmp_path, *args, columns=200, timeout=120)
         assert clash.returncode == 2, clash.stderr[-2000:]

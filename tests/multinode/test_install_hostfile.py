@@ -210,8 +210,8 @@ def test_a_bundle_that_does_not_serve_one_node_installs_nothing_on_any(
         result = install(hosts, hosts.hostfile(), target, warm_cache, "--offline", offline_bundle, "--no-verify")
         assert result.returncode == 7, result.stderr[-3000:]
         error = json.loads(result.stdout)["error"]
-        assert error["message"].startswith("the bundle does not serve 1 of the 2 node(s), so nothing was installed "
-                                           "on any node: node mls-node-b: the bundle in ")
+        assert error["message"].startswith("1 of the 2 node(s) cannot install from the bundle, so nothing was "
+                                           "installed on any node: node mls-node-b: the bundle in ")
         assert removed.name in error["message"] and "mls-node-a" not in error["message"]
         assert f"mlstack-ds bundle --to {offline_bundle} --python-version" in error["hint"]
         assert [(n["host"], n["action"]) for n in error["nodes"]] == [("mls-node-a", "not-run"),
