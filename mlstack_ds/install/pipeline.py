@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.build.wheel import BuildProgress, BuiltWheel, build_wheel, cached_wheel
-from mlstack_ds.bundle.make import SIMPLE_DIR
+from mlstack_ds.bundle.contents import SIMPLE_DIR
 from mlstack_ds.bundle.manifest import read_manifest
 from mlstack_ds.bundle.offline import OfflineBundle, check_offline, here, pip_env
 from mlstack_ds.console import Output

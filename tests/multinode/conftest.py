@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from support import slurm_cluster as slurm_harness
-from support.bundles import bundle
+from support.bundles import make_bundle
 from support.slurm_cluster import SlurmCluster, slurm_cluster
 from support.two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
 
@@ -50,7 +50,7 @@ def offline_bundle(deepspeed_sdist: Path, tmp_path_factory: pytest.TempPathFacto
     """One real bundle for this machine (`bundle --source` the cached sdist; about 30 s), for every `--offline`
     test of the multi-node tests: do not modify it (copy it)."""
     to = tmp_path_factory.mktemp("offline") / "bundle"
-    done = bundle(to, deepspeed_sdist)
+    done = make_bundle(to, deepspeed_sdist)
     assert done.returncode == 0, done.stderr[-3000:]
     return to
 
