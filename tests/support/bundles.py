@@ -58,5 +58,7 @@ def network_namespace() -> tuple[str, ...]:
     and nothing else, saying its route count on stderr first; () where namespaces cannot be made."""
     if unshare_refusal() is not None:
         return ()
-    script = f'ip link set lo up && echo "{ROUTES_LINE} $(ip route show | wc -l)" >&2 && exec "$@"'
-    return ("unshare", "-n", "sh", "-c", script, "network-namespace")
+    # Absolute paths: the command may run with a PATH of its own (one without compilers, say).
+    unshare, sh, ip, wc = (shutil.which(name) or name for name in ("unshare", "sh", "ip", "wc"))
+    script = f'{ip} link set lo up && echo "{ROUTES_LINE} $({ip} route show | {wc} -l)" >&2 && exec "$@"'
+    return (unshare, "-n", sh, "-c", script, "network-namespace")
