@@ -10,6 +10,7 @@
     python scripts/bench.py integrity [--runs N] [--python PY] [--json-out FILE] [--markdown-out FILE]
     python scripts/bench.py slurm --python PY [--runs N] [--only CHECKS] [--json-out FILE] [--markdown-out FILE]
     python scripts/bench.py index [--sdist FILE] [--json-out FILE] [--markdown-out FILE]
+    python scripts/bench.py offline [--sdist FILE] [--warm-cache DIR] [--json-out FILE] [--markdown-out FILE]
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import sys
 
 SUBCOMMANDS = {"install": "bench_install", "build": "bench_build", "verify": "bench_verify",
                "rehearsal": "bench_rehearsal", "multinode": "bench_multinode", "integrity": "bench_integrity",
-               "slurm": "bench_slurm", "index": "bench_index"}
+               "slurm": "bench_slurm", "index": "bench_index",
+               "offline": "bench_offline"}
 
 
 def main() -> int:

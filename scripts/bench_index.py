@@ -35,23 +35,29 @@ from support.target_env import overlay_venv
 HEADING = "## install --index: prebuilt ops from a team index"
 
 
-def tool(*args: str, path: str | None = None) -> tuple[float, dict]:
-    """`mlstack-ds ARGS --json`: its seconds and document (fails loudly, with stderr, when it fails)."""
+def tool(*args: str, path: str | None = None, prefix: tuple[str, ...] = ()) -> tuple[float, dict]:
+    """`mlstack-ds ARGS --json` (under `prefix`): its seconds and document (fails loudly, with stderr)."""
     env = {**os.environ, **({"PATH": path} if path else {})}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "mlstack_ds", *args, "--json"], capture_output=True, text=True,
-                          env=env, check=False)
+    done = subprocess.run([*prefix, sys.executable, "-m", "mlstack_ds", *args, "--json"], capture_output=True,
+                          text=True, env=env, check=False)
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"mlstack-ds {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return seconds, json.loads(done.stdout)
 
 
-def run(tmp: Path, sdist: Path | None) -> dict[str, object]:
-    cold_venv, index_venv = overlay_venv(tmp / "cold-venv"), overlay_venv(tmp / "index-venv")
-    # The venv's own setuptools (65, without bdist_wheel) would shadow this interpreter's for the build.
-    subprocess.run([str(cold_venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "--yes", "setuptools"],
+def build_venv(path: Path) -> Path:
+    """A venv that sees this interpreter's torch and can build DeepSpeed: its own setuptools (65, without
+    bdist_wheel) would shadow this interpreter's for the build, so it goes."""
+    overlay_venv(path)
+    subprocess.run([str(path / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "--yes", "setuptools"],
                    check=True, capture_output=True)
+    return path
+
+
+def run(tmp: Path, sdist: Path | None) -> dict[str, object]:
+    cold_venv, index_venv = build_venv(tmp / "cold-venv"), overlay_venv(tmp / "index-venv")
     source = ["--source", str(sdist)] if sdist else []
     cold_s, cold = tool("install", "--python", str(cold_venv / "bin" / "python"), "--cache-dir", str(tmp / "cache-a"),
                         "--no-verify", *source)
