@@ -28,7 +28,7 @@ from datetime import date
 from pathlib import Path
 
 import _repo  # noqa: F401  (the repository and the tests' support package on sys.path)
-from benchdoc import replace_section
+from benchdoc import write_result
 from support.e2e import no_compiler_path, served
 from support.target_env import overlay_venv
 
@@ -108,12 +108,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-index-") as scratch:
         row = run(Path(scratch), args.sdist)
     load = (load_before, os.getloadavg()[0])
-    if args.json_out:
-        args.json_out.write_text(json.dumps({"load": load, **row}, indent=2) + "\n")
-    if args.markdown_out:
-        doc = args.markdown_out.read_text() if args.markdown_out.exists() else ""
-        args.markdown_out.write_text(replace_section(doc, HEADING, markdown(row, load)))
-    sys.stdout.write(markdown(row, load))
+    write_result({"load": load, **row}, markdown(row, load), HEADING, args.json_out, args.markdown_out)
     return 0
 
 

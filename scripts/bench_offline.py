@@ -18,7 +18,6 @@ offline/online is what to read: this machine is shared and noisy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import _repo  # noqa: F401  (the repository and the tests' support package on sys.path)
 from bench_index import build_venv, tool
-from benchdoc import replace_section
+from benchdoc import write_result
 from support.bundles import network_namespace
 from support.pins import TORCH_VERSION
 
@@ -97,12 +96,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-offline-") as scratch:
         row = run(Path(scratch), args.sdist, args.warm_cache)
     load = (load_before, os.getloadavg()[0])
-    if args.json_out:
-        args.json_out.write_text(json.dumps({"load": load, **row}, indent=2) + "\n")
-    if args.markdown_out:
-        doc = args.markdown_out.read_text() if args.markdown_out.exists() else ""
-        args.markdown_out.write_text(replace_section(doc, HEADING, markdown(row, load)))
-    sys.stdout.write(markdown(row, load))
+    write_result({"load": load, **row}, markdown(row, load), HEADING, args.json_out, args.markdown_out)
     return 0
 
 

@@ -32,3 +32,15 @@ def publish_result(result: dict[str, Any], section: str, heading: str, json_out:
     if markdown_out:
         current = markdown_out.read_text() if markdown_out.exists() else ""
         markdown_out.write_text(replace_section(current, heading, section))
+
+
+def write_result(result: dict[str, Any], section: str, heading: str, json_out: Path | None,
+                 markdown_out: Path | None) -> None:
+    """Write a benchmark's JSON and markdown section where asked (the section replacing its own `heading` in
+    `markdown_out`), and print the section."""
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+    if markdown_out:
+        current = markdown_out.read_text() if markdown_out.exists() else ""
+        markdown_out.write_text(replace_section(current, heading, section))
+    print(section, end="")
