@@ -185,8 +185,11 @@ def node_install_args(request: InstallRequest, python: Path, cache_root: Path, a
     holds its pip to it) and patch options, the head's targets, its cache path, and `--cached-wheel` so that
     it installs the head's wheel or fails (never builds). With
     `index` (the head found a fitting wheel there) each node takes it from the index itself instead:
-    `--index URL --index-only`, nothing copied, and still never a build."""
-    source = ["--index", index, "--index-only"] if index else ["--cached-wheel", cache_key]
+    `--index URL --index-only` (with `--offline`, the bundle's own prebuilt wheel: `--index-only`), nothing
+    copied, and still never a build."""
+    # With --offline the bundle is the index already (its prebuilt wheels): the node is only told never to build.
+    source = (["--index-only"] if request.offline is not None else ["--index", index, "--index-only"]) if index \
+        else ["--cached-wheel", cache_key]
     origin = ["--offline", str(request.offline)] if request.offline is not None else ["--source", request.source]
     args: list[str] = ["install", "--python", str(python), "--cache-dir", str(cache_root),
                        "--recipe", request.deepspeed_version, *origin, *source, "--no-verify"]

@@ -67,6 +67,15 @@ def test_with_an_index_each_node_installs_from_it_and_still_never_builds() -> No
                     "--arch", "gfx942"]
 
 
+def test_with_a_bundles_prebuilt_wheel_each_node_takes_it_from_the_bundle_and_never_builds() -> None:
+    """`--offline DIR` holding a fitting prebuilt wheel: DIR is the index; naming it again with `--index` would be
+    refused by the node's install (`--offline` with `--index` is a usage error)."""
+    args = node_install_args(InstallRequest(offline=Path("/shared/bundle")), Path("/v/bin/python"), Path("/c"), (),
+                             "k" * 24, index="/shared/bundle")
+    assert args == ["install", "--python", "/v/bin/python", "--cache-dir", "/c", "--recipe", "0.19.5",
+                    "--offline", "/shared/bundle", "--index-only", "--no-verify"]
+
+
 def test_tool_argv_runs_this_interpreter_with_this_package_and_the_plan_variables() -> None:
     argv = tool_argv(["--version"], {"DS_ACCELERATOR": "cpu", "HIP_VISIBLE_DEVICES": "0", "CXX": ""})
     package_parent = Path(mlstack_ds.__file__).resolve().parent.parent
