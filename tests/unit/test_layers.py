@@ -1,8 +1,8 @@
 """The package's layers, read from the code: every `mlstack_ds` import, found with `ast`, goes down the
-order declared in scripts/architecture.py (the `architecture` fixture) or stays inside its own unit, and no
-two top-level units reach each other. An import runs the `__init__.py` of every package on its path, so the
-graph counts those too. A new unit needs a place in that order, so the folder names keep telling where a
-change belongs."""
+order declared in scripts/architecture.py (the `architecture` fixture), stays inside its own unit, or is
+one of the same-layer pairs listed there with a reason; and no two top-level units reach each other. An
+import runs the `__init__.py` of every package on its path, so the graph counts those too. A new unit needs
+a place in that order, so the folder names keep telling where a change belongs."""
 
 from __future__ import annotations
 
@@ -100,6 +100,24 @@ def test_imports_only_go_down(architecture: ModuleType) -> None:
               for module, targets in sorted(import_graph().items()) for target in sorted(targets)
               if layer[unit_of(target)] > layer[unit_of(module)]]
     assert not upward, "\n".join(upward)
+
+
+def test_units_of_one_layer_import_each_other_only_where_listed(architecture: ModuleType) -> None:
+    layer = {unit: index for index, (_, units) in enumerate(architecture.LAYERS) for unit in units}
+    allowed = {(unit, package) for (unit, target) in architecture.SAME_LAYER
+               for package in packages_run_by(f"mlstack_ds.{target}")}
+    sideways = [f"{module} imports {target}: add it to SAME_LAYER with a reason, or move it down a layer"
+                for module, targets in sorted(import_graph().items()) for target in sorted(targets)
+                if unit_of(target) != unit_of(module) and layer[unit_of(target)] == layer[unit_of(module)]
+                and (unit_of(module), target) not in allowed]
+    assert not sideways, "\n".join(sideways)
+
+
+def test_every_same_layer_pair_is_used(architecture: ModuleType) -> None:
+    """A stale entry would let a later import through unargued."""
+    used = {(unit_of(module), target.removeprefix("mlstack_ds.")) for module, targets in written_graph().items()
+            for target in targets}
+    assert not set(architecture.SAME_LAYER) - used, sorted(set(architecture.SAME_LAYER) - used)
 
 
 def test_no_unit_reaches_one_that_reaches_it_back() -> None:
