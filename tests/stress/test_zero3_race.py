@@ -69,9 +69,18 @@ def test_the_second_pin_trains_like_plain_adam_unpatched(next_unpatched_deepspee
     assert summary["judged"] * summary["engines_per_run"] == 5
 
 
+# Up to this many launches for the unpatched tree, stopping at the first corrupted one (usually the first).
+# Engines of one launch are not independent: on 2026-11-28 a clean-clone suite run (load about 4.5) had two
+# launches of 5 engines each, all 10 clean, against the p = 0.8 per engine the module docstring assumes; the
+# race's odds follow the ranks' thread timing, which the machine's load moves. More launches cost nothing when
+# the first is corrupted, and make a whole run of clean launches the rare event it should be.
+UNPATCHED_LAUNCHES = 6
+
+
 @pytest.mark.slow
 def test_unpatched_tree_corrupts_the_loss(pristine_deepspeed_tree: Path, tmp_path: Path) -> None:
-    summary = stress(pristine_deepspeed_tree, 2, tmp_path / "torch_extensions", "--stop-after-corrupted", "1")
+    summary = stress(pristine_deepspeed_tree, UNPATCHED_LAUNCHES, tmp_path / "torch_extensions",
+                     "--stop-after-corrupted", "1")
     assert summary["corrupted"] >= 1, summary["outcomes"]
     first = next(o for o in summary["outcomes"] if o["status"] == "corrupted")["deviation"]
     assert first["stage"] == 3 and first["step"] >= 2
