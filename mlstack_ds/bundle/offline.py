@@ -36,13 +36,18 @@ class OfflineBundle:
     manifest: Manifest
     sdist: Path
 
+    @property
+    def simple(self) -> Path:
+        """DIR/simple: the bundle's index, one directory of wheels per project."""
+        return self.directory / SIMPLE_DIR
+
     def has_prebuilt(self) -> bool:
         """Whether DIR holds DeepSpeed wheels mlstack-ds built (`bundle --prebuilt`, `publish --to DIR`)."""
-        return any((self.directory / SIMPLE_DIR / PROJECT).glob("*.whl"))
+        return any((self.simple / PROJECT).glob("*.whl"))
 
     def pip_args(self) -> tuple[str, ...]:
         """`--no-index` and one `--find-links` per project directory of DIR/simple (flat directories of files)."""
-        simple = self.directory / SIMPLE_DIR
+        simple = self.simple
         links = sorted(str(d) for d in simple.iterdir() if d.is_dir()) if simple.is_dir() else []
         return ("--no-index", *[arg for d in links for arg in ("--find-links", d)])
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.build.wheel import BuildProgress, BuiltWheel, build_wheel, cached_wheel
-from mlstack_ds.bundle.contents import SIMPLE_DIR
 from mlstack_ds.bundle.manifest import read_manifest
 from mlstack_ds.bundle.offline import OfflineBundle, check_offline, here, pip_env
 from mlstack_ds.console import Output
@@ -135,7 +134,7 @@ def prepare(request: InstallRequest) -> Prepared:
     plan = plan_build(environment, recipe, spec, toolchain, archs=archs, jobs=request.jobs,
                       patches=request.patches, source_label=source_label, mem_available=read_mem_available(),
                       toolchain_optional=index is not None,
-                      offline_simple=offline.directory / SIMPLE_DIR if offline is not None else None)
+                      offline_simple=offline.simple if offline is not None else None)
     choice = None
     if index is not None:
         choice = choose(index, Here(plan.to_dict(), platform.machine(), cpu_flags()))
