@@ -41,8 +41,16 @@ fi
 # Compiles are cached with the other test downloads and builds: one cold build per source, shared by the
 # tests that rebuild (and by the next run on this machine), never mixed with the user's own cache.
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/test/ccache}
+# Two workers (pytest-xdist): much of the suite waits (on sleeps, time-outs, Slurm, ssh, pip) rather than
+# computes, so a second worker fills the cores. tests/conftest.py groups what must share one process
+# (the cold installs' tests and the multi-node harness: SERIAL_GROUP). MLSTACK_TEST_WORKERS=0: one process.
+WORKERS=${MLSTACK_TEST_WORKERS:-2}
+XDIST=()
+if [[ $WORKERS != 0 ]]; then
+  XDIST=(-n "$WORKERS" --dist loadgroup)
+fi
 set +e
-"$VENV/bin/python" -m pytest "$@"
+"$VENV/bin/python" -m pytest "${XDIST[@]}" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

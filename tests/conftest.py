@@ -36,6 +36,7 @@ from support.target_env import (
     TargetVenv,
     bare_venv,
     build_target_venv,
+    cache_lock,
     cached_deepspeed_sdist,
     test_cache_dir,
 )
@@ -73,12 +74,39 @@ def slow_fixtures(item: pytest.Item) -> set[str]:
     return SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
 
 
+# Under pytest-xdist (scripts/test.sh runs two workers), the tests that must run one at a time in one process
+# form one group: those on the cold-installed targets (the installs run in the process that needs them, and
+# some of these tests install into or roll back what others read) and the multi-node tests (one pair of
+# network-namespace hosts and one Slurm cluster serve them all). Every other test is grouped with its file, or
+# with the costly session fixture it shares (SHARED_FIXTURE_GROUPS), so such fixtures are made once.
+SERIAL_GROUP = "targets-and-nodes"
+SHARED_FIXTURE_GROUPS = ("made_bundle",)  # tests/integration/conftest.py: a real bundle, a minute to make
+MULTINODE_DIR = Path(__file__).parent / "multinode"
+
+
+def runs_with_xdist(config: pytest.Config) -> bool:
+    return getattr(config.option, "dist", "no") != "no" or hasattr(config, "workerinput")
+
+
+def needs_serial_group(item: pytest.Item) -> bool:
+    return (needs_fixture(item, INSTALLED_TARGET_FIXTURE) or needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE)
+            or MULTINODE_DIR in Path(str(item.path)).parents)
+
+
+def xdist_group(item: pytest.Item) -> str:
+    if needs_serial_group(item):
+        return SERIAL_GROUP
+    shared = [name for name in SHARED_FIXTURE_GROUPS if needs_fixture(item, name)]
+    return shared[0] if shared else item.nodeid.split("::", 1)[0]
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that need a DeepSpeed build are marked `slow` (SLOW_FIXTURES). Tests on the cold-installed
     targets run last, so the installs (started at the first test) overlap everything else: the default
     pin's, then the second pin's, whose install overlaps the default pin's tests. Relative order is kept
-    within each group."""
+    within each group. Under xdist each test also gets its group (xdist_group): the serial group, the largest,
+    is handed out first, and within it the same order holds, so its installs overlap its multi-node tests."""
     for item in items:
         if slow_fixtures(item):
             item.add_marker(pytest.mark.slow)
@@ -87,18 +115,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                    if needs_fixture(item, INSTALLED_TARGET_FIXTURE) and item not in next_pin]
     others = [item for item in items if item not in next_pin and item not in default_pin]
     items[:] = others + default_pin + next_pin
+    if runs_with_xdist(config):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+@pytest.fixture(autouse=True)
+def start_cold_installs(request: pytest.FixtureRequest) -> None:
+    """Start the session's cold installs at the first test of the process that runs their tests: the session's
+    first test, or under xdist the serial group's first (the other worker never needs them)."""
+    if not runs_with_xdist(request.config) or needs_serial_group(request.node):
+        request.getfixturevalue("cold_install_next")  # which starts cold_install first
 
 
 FAILURES_LOG_ENV = "MLSTACK_TEST_FAILURES_LOG"
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+class FailuresLog:
     """With MLSTACK_TEST_FAILURES_LOG set, each failure's report is appended to that file as it happens: a
     suite under load runs for hours and may be stopped, and pytest prints the failures only at its end."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            with open(self.path, "a", encoding="utf-8") as out:
+                out.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The failures log is written by the process that sees every report: pytest's own, or xdist's controller
+    (its workers pass their reports to it)."""
     log = os.environ.get(FAILURES_LOG_ENV)
-    if log and report.failed:
-        with open(log, "a", encoding="utf-8") as out:
-            out.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")
+    if log and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(FailuresLog(log), "mlstack-failures-log")
 
 
 REUSED_TARGET_ENV = "MLSTACK_TEST_TARGET_VENV"
@@ -112,9 +163,9 @@ def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(reused) if reused else tmp_path_factory.mktemp("mlstack-cache")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, e2e_cache: Path):
-    """Start the session's cold `mlstack-ds install` at the first test when any selected test needs it
+    """The session's cold `mlstack-ds install`, started by start_cold_installs when any selected test needs it
     (tests/support/cold_install.py); None otherwise."""
     if os.environ.get(REUSED_TARGET_ENV) or not any(
             INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in request.session.items):
@@ -125,7 +176,7 @@ def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     install.stop()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def cold_install_next(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                       cold_install: BackgroundInstall | None):
     """The second pin's cold `mlstack-ds install --deepspeed-version 0.19.8`, started when the first
@@ -161,10 +212,11 @@ def pip_mirror(deepspeed_sdist: Path) -> Path:
     the sdist's metadata, even for `pip download`).
     """
     mirror = deepspeed_sdist.parent / "pip-mirror"
-    if not any(mirror.glob("setuptools-*.whl")):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
-                        "setuptools", "wheel", "-d", str(mirror)], check=True)
-    shutil.copy2(deepspeed_sdist, mirror / deepspeed_sdist.name)
+    with cache_lock("pip-mirror"):
+        if not any(mirror.glob("setuptools-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
+                            "setuptools", "wheel", "-d", str(mirror)], check=True)
+        shutil.copy2(deepspeed_sdist, mirror / deepspeed_sdist.name)
     return mirror
 
 

@@ -12,6 +12,8 @@ without the marker is removed and rebuilt, so an interrupted build is never trus
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +23,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,14 +52,26 @@ def test_cache_dir() -> Path:
     return path
 
 
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive lock on the test cache's entry `name`: the suite's two xdist workers (scripts/test.sh)
+    may both need one that is not made yet; the second waits and then finds it made."""
+    locks = test_cache_dir() / "locks"
+    locks.mkdir(exist_ok=True)
+    with open(locks / f"{name}.lock", "w", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def cached_deepspeed_sdist(version: str, sha256: str) -> Path:
     """deepspeed-VERSION.tar.gz from the package index (as users get it), downloaded once into the test
     cache and checked against `sha256` every time."""
     cache = test_cache_dir()
     sdist = cache / f"deepspeed-{version}.tar.gz"
-    if not sdist.exists():
-        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-              f"deepspeed=={version}", "-d", str(cache)])
+    with cache_lock(sdist.name):
+        if not sdist.exists():
+            _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                  f"deepspeed=={version}", "-d", str(cache)])
     digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
     if digest != sha256:
         raise RuntimeError(f"cached sdist {sdist} has sha256 {digest}, expected {sha256}; delete it")
@@ -83,7 +97,12 @@ def cache_key(sdist: Path, flags: Mapping[str, str]) -> str:
 
 def build_target_venv(sdist: Path, flags: Mapping[str, str], cache_dir: Path) -> TargetVenv:
     """Return a venv with torch (pinned) and DeepSpeed from `sdist` built with `flags`; cached."""
-    final = cache_dir / "target-venvs" / cache_key(sdist, flags)
+    key = cache_key(sdist, flags)
+    with cache_lock(f"target-venv-{key}"):
+        return _build_target_venv(sdist, flags, cache_dir, cache_dir / "target-venvs" / key)
+
+
+def _build_target_venv(sdist: Path, flags: Mapping[str, str], cache_dir: Path, final: Path) -> TargetVenv:
     marker = final / "mlstack-test-complete"
     if marker.exists():
         return TargetVenv(final, 0.0)
@@ -101,7 +120,12 @@ def built_wheel(sdist: Path, flags: Mapping[str, str], cache_dir: Path) -> Path:
     """DeepSpeed's wheel as plain pip builds it from `sdist` with `flags` (setup.py run by the test venv's
     interpreter, which has the pinned torch): built once and cached, so the targets that need a
     pip-installed DeepSpeed install the same wheel in seconds instead of each running setup.py."""
-    final = cache_dir / "wheels" / cache_key(sdist, flags)
+    key = cache_key(sdist, flags)
+    with cache_lock(f"wheel-{key}"):
+        return _built_wheel(sdist, flags, cache_dir / "wheels" / key)
+
+
+def _built_wheel(sdist: Path, flags: Mapping[str, str], final: Path) -> Path:
     found = sorted(final.glob("deepspeed-*.whl"))
     if found:
         return found[0]
