@@ -33,6 +33,8 @@ from mlstack_ds.source.cache import Cache, publish, sha256_of
 from mlstack_ds.source.checkout import short_pin
 from mlstack_ds.source.fetch import SourceSpec, SourceTree, fetch_source, source_pin
 from mlstack_ds.source.gitrepo import rev_parse
+from mlstack_ds.target_side import mlstack_build_wheel as build_wheel_module
+from mlstack_ds.target_side import script
 
 _NINJA_STEP_RE = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 _ERROR_RE = re.compile(r"error|Error|ERROR|FAILED|fatal")
@@ -212,26 +214,15 @@ def _discard(entry: Path, staging: Path) -> None:
     os.rename(entry, staging / f"discarded-{entry.name}")
 
 
-# A tree without pyproject.toml (every DeepSpeed sdist) is built by setuptools' legacy PEP 517 backend.
-# pip runs such a setup.py twice, once for the metadata and once for the wheel, and DeepSpeed's setup.py
-# imports torch, probes the compilers and asks py-cpuinfo (a subprocess of a second) for each CPU op every
-# time: about 10 s of a cold build here, on one core, before any op compiles. The wheel needs only the
-# second run, PEP 517's `build_wheel` hook, which is all `python -m build --no-isolation --wheel` calls.
-_LEGACY_BUILD_WHEEL = """\
-import sys
-from setuptools import build_meta
-print("built", build_meta.__legacy__.build_wheel(sys.argv[1]), flush=True)
-"""
-
-
 def wheel_command(python: str, tree: Path, out: Path) -> list[str]:
     """The command that builds `tree`'s wheel into `out` with `python` (the target's torch and setuptools).
     A tree that declares its own build system (pyproject.toml) goes through pip, which reads it. `out` must
-    exist (setuptools' hook stages the wheel inside it)."""
+    exist (setuptools' hook stages the wheel inside it). A tree without one (every DeepSpeed sdist) goes
+    straight to setuptools' legacy `build_wheel` hook: target_side/mlstack_build_wheel.py says why."""
     if (tree / "pyproject.toml").exists():
         return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", "-v",
                 "-w", str(out), str(tree)]
-    return [python, "-u", "-c", _LEGACY_BUILD_WHEEL, str(out)]
+    return [python, "-u", str(script(build_wheel_module)), str(out)]
 
 
 def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping[str, str]) -> dict[str, str]:

@@ -5,8 +5,10 @@ Why one round trip: a cluster has hundreds of nodes and each ssh connection cost
 to there (`getent ahosts`, the lookup glibc's getaddrinfo does, which is how gloo picks its address), its
 interface addresses (`ip -o addr`), the interface variables its shell sets, its ROCm version file, whether
 mlstack-ds's interpreter and the target interpreter exist at this host's paths, and then the target
-probe (`detect.target_probe.PROBE_SCRIPT`, the same script and parser as everywhere else) run by the
-target interpreter from a here-document, preceded by a read of the install receipt next to it.
+probe (target_side/mlstack_probe_target.py, the same script and parser as everywhere else) run by the
+target interpreter from a here-document, with its `receipt` option: a read of the install receipt next to
+it comes first. The Python parts travel as their modules' text in here-documents, not as paths: the node
+may not have mlstack-ds at all.
 """
 
 from __future__ import annotations
@@ -17,16 +19,21 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from mlstack_ds.cluster import remote
 from mlstack_ds.detect.marked import marked_object
-from mlstack_ds.detect.target_probe import PROBE_SCRIPT, TargetFacts, parse_target_output
+from mlstack_ds.detect.target_probe import TargetFacts, parse_target_output
 from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
 from mlstack_ds.installed.receipt import Receipt
+from mlstack_ds.target_side import mlstack_connect_check as connect_module
+from mlstack_ds.target_side import mlstack_platform_tags as tags_module
+from mlstack_ds.target_side import mlstack_probe_target as probe_module
+from mlstack_ds.target_side import source
 
 SECTION = "@@MLSTACK_NODE:"
-RECEIPT_MARKER = "MLSTACK_NODE_RECEIPT:"
+RECEIPT_MARKER = probe_module.RECEIPT_MARKER
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # What a Slurm task sees that decides its devices and threads (`doctor --slurm`'s pitfalls).
 TASK_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
@@ -34,28 +41,10 @@ TASK_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_D
 # The probe imports torch on the node, and ssh's connect and the shell part come on top. Wall time: ssh
 # waits idle while the node works, so the local ssh's progress says nothing about the node's.
 NODE_TIMEOUT_S = 150.0
+# The end lines of the here-documents that carry target_side modules' text to a node's `python -`.
 _HEREDOC_END = "MLSTACK_NODE_PROBE_END"
-
-# `python -c SNIPPET HOST PORT`: one TCP connect, as a rank connects to the rendezvous (MASTER_ADDR:PORT).
-_CONNECT_SNIPPET = ("import socket, sys\n"
-                    "try:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), 10).close()\n"
-                    "    print('ok')\n"
-                    "except OSError as exc:\n    print(type(exc).__name__ + ': ' + str(exc))\n")
-
-# Runs in the target interpreter before the probe: the receipt, read where `receipt.receipt_path` puts it.
-_RECEIPT_SNIPPET = r"""
-import json as _mls_json, os as _mls_os, sys as _mls_sys
-_mls_path = _mls_os.path.join(_mls_sys.prefix, "share", "mlstack-ds", "receipt.json")
-try:
-    with open(_mls_path, encoding="utf-8") as _mls_file:
-        _mls_text, _mls_error = _mls_file.read(), None
-except FileNotFoundError:
-    _mls_text, _mls_error = None, None
-except OSError as _mls_exc:
-    _mls_text, _mls_error = None, str(_mls_exc)
-print("MLSTACK_NODE_RECEIPT:" + _mls_json.dumps({"path": _mls_path, "text": _mls_text, "error": _mls_error}),
-      flush=True)
-"""
+_CONNECT_END = "MLSTACK_NODE_CONNECT_END"
+_TAGS_END = "MLSTACK_NODE_TAGS_END"
 
 
 @dataclass(frozen=True)
@@ -163,8 +152,8 @@ def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = N
         slurm = (f"echo '{SECTION}task_env'\n"
                  + "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in TASK_VARIABLES)
                  + f"echo '{SECTION}rendezvous'; getent ahosts {host} 2>/dev/null\n"
-                 f"echo '{SECTION}port'; if test -x {py}; then {py} -c {shlex.quote(_CONNECT_SNIPPET)} "
-                 f"{host} {port} 2>&1; fi\n")
+                 f"echo '{SECTION}port'; if test -x {py}; then "
+                 + _heredoc(f"{py} - {host} {port} 2>&1", connect_module, _CONNECT_END) + "fi\n")
     variables = "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in IFNAME_VARIABLES)
     return (
         f"echo '{SECTION}hostname'; hostname\n"
@@ -175,8 +164,7 @@ def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = N
         f"echo '{SECTION}tool'; if test -x {tool_q}; then echo yes; else echo no; fi\n"
         f"{'' if bundle is None else _bundle_part(bundle, tool_q)}"
         f"{slurm}echo '{SECTION}python'\n"
-        f"if test -x {py}; then echo yes; {py} - <<'{_HEREDOC_END}' &\n"
-        f"{_RECEIPT_SNIPPET}{PROBE_SCRIPT}\n{_HEREDOC_END}\n"
+        f"if test -x {py}; then echo yes; {_heredoc(f'{py} - receipt', probe_module, _HEREDOC_END, after=' &')}"
         f"{_ORPHAN_WATCH}"
         "else echo no; fi\n"
     )
@@ -185,10 +173,16 @@ def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = N
 def _bundle_part(bundle: Path, tool_q: str) -> str:
     manifest = shlex.quote(str(bundle / "bundle.json"))
     return (f"echo '{SECTION}bundle'; if test -f {manifest}; then echo seen; else echo unseen; fi\n"
-            f"{tool_q} -c {shlex.quote(_TAGS_SNIPPET)} 2>/dev/null\n")
+            + _heredoc(f"{tool_q} - 2>/dev/null", tags_module, _TAGS_END))
 
 
-_TAGS_SNIPPET = "from packaging.tags import platform_tags\nprint(' '.join(platform_tags()))"
+def _heredoc(command: str, module: ModuleType, end: str, after: str = "") -> str:
+    """`command <<'END'`, the module's text as its stdin: a `python -` inside the `sh -s` script reads its
+    program from a here-document (the script itself is on stdin, and the node may not have the file)."""
+    text = source(module)
+    if end in text.splitlines():
+        raise ValueError(f"{module.__name__} holds the here-document's end line {end}")
+    return f"{command} <<'{end}'{after}\n{text}{'' if text.endswith(chr(10)) else chr(10)}{end}\n"
 
 
 # ssh sends no hangup to a command without a terminal: when the tool is stopped (Ctrl-C) and its ssh goes,

@@ -23,6 +23,8 @@ import mlstack_ds
 from mlstack_ds import __version__
 from mlstack_ds.cluster import remote
 from mlstack_ds.errors import EnvironmentProblem, ToolTimedOut
+from mlstack_ds.target_side import mlstack_package_origin as origin_module
+from mlstack_ds.target_side import source
 
 # What makes two hosts plan different builds (detect's TRACKED_ENV_VARS minus device visibility, which is
 # each node's own business), and the tool's debug switch.
@@ -75,8 +77,9 @@ def check_tool(host: str) -> None:
     """The node runs this very mlstack-ds: the same interpreter path imports the package from the same
     file, at the same version (a node with its own install elsewhere is refused too); EnvironmentProblem
     otherwise."""
-    script = "import mlstack_ds, os; print(mlstack_ds.__version__, os.path.realpath(mlstack_ds.__file__))"
-    result = remote.run_on(host, [*_interpreter_argv(), "-c", script])
+    # From stdin, not by path: a node without this package must answer as an interpreter that cannot
+    # import it, not as one that cannot open a file of it.
+    result = remote.run_on(host, [*_interpreter_argv(), "-", "mlstack_ds"], input_text=source(origin_module))
     gone = remote.unreachable(result, host)
     if gone is not None:
         raise gone.error()

@@ -2,7 +2,8 @@
 
 Why one probe: detect, doctor, install/status and verify used to start the interpreter each with its
 own script and parser, so an install started it again and again to be told the same things. Now every
-question is answered by `PROBE_SCRIPT`, in two marked JSON lines:
+question is answered by one script, target_side/mlstack_probe_target.py run by path in the target, in
+two marked JSON lines:
 
 1. `MLSTACK_TARGET_BASE:`, printed and flushed before torch is imported: the interpreter (executable,
    version, prefix, include dir), the installed DeepSpeed (version, location, package directory, RECORD),
@@ -33,146 +34,15 @@ from mlstack_ds.detect.marked import marked_object
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, RocmWheels, TorchDevice, TorchInfo
 from mlstack_ds.errors import ToolError, ToolTimedOut
 from mlstack_ds.runner import Background, run_in_background
+from mlstack_ds.target_side import mlstack_probe_target as probe_module
+from mlstack_ds.target_side import script
 
-# Python run in the *target* interpreter (prepended to a probe that has `from importlib import metadata`):
-# where the installed distribution's RECORD is, through importlib.metadata's public API.
-RECORD_LOCATOR = r'''
-def _mlstack_record(name):
-    try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        return None
-    for item in dist.files or ():
-        if item.name == "RECORD" and item.parent.name.endswith(".dist-info"):
-            return str(dist.locate_file(item))
-    return None
-'''
-
-BASE_MARKER = "MLSTACK_TARGET_BASE:"
-TORCH_MARKER = "MLSTACK_TARGET_TORCH:"
+BASE_MARKER, TORCH_MARKER = probe_module.BASE_MARKER, probe_module.TORCH_MARKER
 # A probe is stopped when it has done nothing (no CPU time, page faults or reads) for PROBE_STALL_S: a
 # hung driver or device. One still working is given up to PROBE_CEILING_S: a torch import takes a minute
 # on a cold ROCm install and several on a machine thrashing under parallel compiles.
 PROBE_STALL_S = 60.0
 PROBE_CEILING_S = 900.0
-
-# The libraries users train DeepSpeed through, whose versions decide whether a known DeepSpeed/client
-# incompatibility applies (doctor's client rules, verify's report). Read from metadata: nothing is imported.
-CLIENT_PACKAGES = ("transformers", "accelerate", "peft", "lightning", "pytorch-lightning")
-
-PROBE_SCRIPT = r"""
-import importlib.util, json, platform, sys, sysconfig
-from importlib import metadata
-""" + f"CLIENT_PACKAGES = {CLIENT_PACKAGES!r}\n" + RECORD_LOCATOR + r"""
-def _mlstack_rocm_sdk(names):
-    # TheRock's ROCm wheels, found without importing torch; package names carry a nonce, so globbed.
-    import glob, os
-    spec = importlib.util.find_spec("rocm_sdk")
-    if spec is None or not spec.origin:
-        return None
-    site = os.path.dirname(os.path.dirname(spec.origin))
-    info = {"version": None, "version_source": None, "core": None, "devel_installed": False,
-            "devel_root": None, "devel_expanded": False, "problem": None,
-            "libraries": any(n.startswith("rocm-sdk-libraries") for n in names),
-            "devices": sorted(n[len("rocm-sdk-device-"):] for n in names if n.startswith("rocm-sdk-device-gfx")),
-            "scripts": sysconfig.get_paths().get("scripts")}
-    try:
-        import rocm_sdk
-        info["version"], info["version_source"] = str(rocm_sdk.__version__), "rocm_sdk.__version__"
-    except Exception as exc:
-        info["problem"] = "import rocm_sdk failed: %s: %s" % (type(exc).__name__, exc)
-    def package(pattern):
-        found = sorted(p for p in glob.glob(os.path.join(site, pattern))
-                       if os.path.isfile(os.path.join(p, "__init__.py")))
-        return found[0] if found else None
-    info["core"] = package("_rocm_sdk_core*")
-    if info["version"] is None and info["core"]:
-        try:
-            with open(os.path.join(info["core"], ".info", "version")) as stream:
-                info["version"], info["version_source"] = stream.read().strip(), "_rocm_sdk_core/.info/version"
-        except OSError:
-            pass
-    devel = importlib.util.find_spec("rocm_sdk_devel")
-    info["devel_installed"] = devel is not None
-    info["devel_root"] = package("_rocm_sdk_devel*")
-    tarballs = []
-    if devel is not None and devel.origin:
-        here = os.path.dirname(devel.origin)
-        tarballs = [t for t in ("_devel.tar", "_devel.tar.xz") if os.path.exists(os.path.join(here, t))]
-    info["devel_expanded"] = bool(info["devel_root"]) and not tarballs
-    return info
-
-def _version(name):
-    try:
-        return metadata.version(name)
-    except Exception:
-        return None
-
-_paths = sysconfig.get_paths()
-base = {"python": {"executable": sys.executable, "version": platform.python_version(), "prefix": sys.prefix,
-                   "include_dir": _paths.get("include"),
-                   "site_packages": list(dict.fromkeys(p for p in (_paths.get("purelib"), _paths.get("platlib"))
-                                                       if p))},
-        "deepspeed": None, "deepspeed_package": None, "deepspeed_record": None,
-        "torch_version": _version("torch"), "nvidia": []}
-try:
-    dist = metadata.distribution("deepspeed")
-    base["deepspeed"] = {"version": dist.version, "location": str(dist.locate_file(""))}
-    base["deepspeed_record"] = _mlstack_record("deepspeed")
-except Exception:
-    pass
-try:  # where `import deepspeed` would load from (found, not imported)
-    spec = importlib.util.find_spec("deepspeed")
-    if spec is not None and spec.submodule_search_locations:
-        base["deepspeed_package"] = list(spec.submodule_search_locations)[0]
-except Exception:
-    pass
-names = set()
-for d in metadata.distributions():
-    try:
-        names.add((d.metadata["Name"] or "").lower())
-    except Exception:
-        pass
-base["nvidia"] = sorted(n for n in names if n.startswith("nvidia-"))
-# What builds the wheel (setuptools' bdist_wheel): setuptools, and before 70.1 the `wheel` package.
-base["python"]["setuptools"] = _version("setuptools")
-base["python"]["wheel_package"] = "wheel" in names
-base["rocm_sdk"] = _mlstack_rocm_sdk(names)
-base["clients"] = {n: _version(n) for n in CLIENT_PACKAGES if _version(n)}
-print("MLSTACK_TARGET_BASE:" + json.dumps(base), flush=True)
-if sys.argv[1:] == ["quick"]:
-    sys.exit(0)
-
-out = {"torch": None, "error": None}
-try:
-    import torch
-except ModuleNotFoundError as exc:
-    if exc.name != "torch":
-        out["error"] = "import torch failed: %s" % exc
-except Exception as exc:
-    out["error"] = "import torch failed: %s: %s" % (type(exc).__name__, exc)
-else:
-    hip = getattr(torch.version, "hip", None)
-    cuda = getattr(torch.version, "cuda", None)
-    info = {"version": str(torch.__version__), "hip": hip, "cuda": cuda, "arch_list": [],
-            "device_count": 0, "devices": [], "path": str(getattr(torch, "__file__", "") or "")}
-    if hip or cuda:
-        try:
-            # The archs the wheel was compiled for, read where get_arch_list() reads them: older torch
-            # releases return [] from get_arch_list() on a host without a device (a build host).
-            arch_flags = getattr(torch._C, "_cuda_getArchFlags", None)
-            arch_flags = arch_flags() if arch_flags is not None else None
-            info["arch_list"] = arch_flags.split() if arch_flags else list(torch.cuda.get_arch_list())
-            info["device_count"] = int(torch.cuda.device_count())
-            for i in range(info["device_count"]):
-                props = torch.cuda.get_device_properties(i)
-                info["devices"].append({"name": props.name,
-                                        "gcn_arch_name": getattr(props, "gcnArchName", None)})
-        except Exception as exc:
-            out["error"] = "torch device query failed: %s: %s" % (type(exc).__name__, exc)
-    out["torch"] = info
-print("MLSTACK_TARGET_TORCH:" + json.dumps(out), flush=True)
-"""
 
 
 @dataclass(frozen=True)
@@ -190,7 +60,7 @@ class TargetFacts:
     torch_version: str | None = None  # torch's distribution version (metadata: no import)
     nvidia_packages: tuple[str, ...] = ()
     rocm_wheels: RocmWheels | None = None  # TheRock's ROCm wheels (rocm_sdk) in the target
-    clients: tuple[tuple[str, str], ...] = ()  # (distribution, version) of the CLIENT_PACKAGES installed
+    clients: tuple[tuple[str, str], ...] = ()  # (distribution, version) of the probe's CLIENT_PACKAGES installed
     torch_probed: bool = False  # the second line arrived (torch imported, or known to be absent)
     torch: TorchInfo | None = None  # None: not installed, not importable, hung, or not asked (quick)
     torch_error: str | None = None
@@ -286,7 +156,7 @@ def start_target_probe(python: Path, environ: Mapping[str, str] | None = None, *
     """Start the probe in `python` (without torch's part when `torch` is false); collect the answer with
     `finish_target_probe` inside the block. `environ` None: this process's environment. `timeout`: the
     ceiling (default PROBE_CEILING_S); a probe that stalls for PROBE_STALL_S is stopped before it."""
-    argv: list[str | os.PathLike[str]] = [python, "-c", PROBE_SCRIPT, *(() if torch else ("quick",))]
+    argv: list[str | os.PathLike[str]] = [python, script(probe_module), *(() if torch else ("quick",))]
     return run_in_background(argv, timeout=timeout if timeout is not None else PROBE_CEILING_S,
                              stall_s=PROBE_STALL_S, env=dict(environ) if environ is not None else None)
 

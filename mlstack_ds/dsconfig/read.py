@@ -10,7 +10,8 @@ quoteless keys and strings, `'''` multi-line strings, a root object without brac
 refuses duplicate keys. Re-implementing that grammar here would drift from hjson's; hjson is a
 DeepSpeed dependency, not ours (our runtime dependencies stay typer, rich, unidiff, requests,
 packaging). So the file is parsed by hjson itself, in the target interpreter, the one DeepSpeed runs
-in, with a copy of DeepSpeed's duplicate-key hook (importing DeepSpeed for it would import torch).
+in, with a copy of DeepSpeed's duplicate-key hook (importing DeepSpeed for it would import torch): the
+script is target_side/mlstack_dsconfig_parse.py, run by path, and the strict-JSON fallback here uses its hook.
 Without hjson there (DeepSpeed not installed yet), the file is read as strict JSON, which hjson
 accepts with the same meaning; anything else is refused with a hint to install DeepSpeed first.
 A config that is not an object (a JSON array, a bare number) is refused: DeepSpeed's
@@ -19,7 +20,6 @@ A config that is not an object (a JSON array, a bare number) is refused: DeepSpe
 
 from __future__ import annotations
 
-import collections
 import errno
 import json
 import os
@@ -31,35 +31,11 @@ from mlstack_ds.detect.marked import UnreadableLine, marked_object
 from mlstack_ds.detect.target_probe import PROBE_CEILING_S, PROBE_STALL_S
 from mlstack_ds.errors import ToolError, UsageError
 from mlstack_ds.runner import run
+from mlstack_ds.target_side import mlstack_dsconfig_parse as parse_module
+from mlstack_ds.target_side import script
+from mlstack_ds.target_side.mlstack_dsconfig_parse import MARKER, dict_raise_error_on_duplicate_keys
 
 _OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
-MARKER = "MLSTACK_DSCONFIG_JSON:"
-
-# Runs in the target interpreter. The hook is DeepSpeed 0.19.5's runtime/config_utils.py
-# dict_raise_error_on_duplicate_keys, verbatim in behaviour and message.
-PARSE_SCRIPT = r"""
-import collections, json, sys
-MARKER = "MLSTACK_DSCONFIG_JSON:"
-try:
-    import hjson
-except ImportError:
-    print(MARKER + json.dumps({"hjson": False}))
-    sys.exit(0)
-def dict_raise_error_on_duplicate_keys(ordered_pairs):
-    d = dict((k, v) for k, v in ordered_pairs)
-    if len(d) != len(ordered_pairs):
-        counter = collections.Counter([pair[0] for pair in ordered_pairs])
-        keys = [key for key, value in counter.items() if value > 1]
-        raise ValueError("Duplicate keys in DeepSpeed config: {}".format(keys))
-    return d
-try:
-    with open(sys.argv[1], "r") as stream:
-        config = hjson.load(stream, object_pairs_hook=dict_raise_error_on_duplicate_keys)
-except Exception as exc:
-    print(MARKER + json.dumps({"hjson": True, "error": "%s: %s" % (type(exc).__name__, exc)}))
-    sys.exit(0)
-print(MARKER + json.dumps({"hjson": True, "config": config}, default=str))
-"""
 
 
 def offloads_to_nvme(config: Any) -> bool:
@@ -67,16 +43,6 @@ def offloads_to_nvme(config: Any) -> bool:
     if not isinstance(zero, dict):
         return False
     return any(isinstance(zero.get(k), dict) and zero[k].get("device") == "nvme" for k in _OFFLOAD_KEYS)
-
-
-def dict_raise_error_on_duplicate_keys(ordered_pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """DeepSpeed's hook, for the strict-JSON fallback."""
-    d = dict(ordered_pairs)
-    if len(d) != len(ordered_pairs):
-        counter = collections.Counter(pair[0] for pair in ordered_pairs)
-        keys = [key for key, count in counter.items() if count > 1]
-        raise ValueError(f"Duplicate keys in DeepSpeed config: {keys}")
-    return d
 
 
 def read_ds_config(path: Path, python: str | Path | None = None, option: str = "--ds-config") -> dict[str, Any]:
@@ -116,7 +82,7 @@ def read_nvme_offload(path: Path, python: str | Path | None = None) -> bool:
 def _parse_in_target(python: Path, path: Path) -> dict[str, Any] | None:
     """hjson's answer from the target interpreter; None when it could not be asked."""
     try:
-        result = run([python, "-c", PARSE_SCRIPT, str(path.resolve())], timeout=PROBE_CEILING_S,
+        result = run([python, script(parse_module), str(path.resolve())], timeout=PROBE_CEILING_S,
                      stall_s=PROBE_STALL_S)  # it imports DeepSpeed: as patient as the probe
     except ToolError:
         return None

@@ -3,8 +3,8 @@
 Why there: the estimators (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`,
 the non-printing functions under the `_all_cold` wrappers) and `DeepSpeedConfig` are DeepSpeed's, of the
 version the user will train with; copying their formulas here would drift. The CLI never imports torch
-or DeepSpeed, so one small script runs there (through the runner), reads a JSON request on stdin and
-prints one marked JSON line.
+or DeepSpeed, so one small script runs there by path (target_side/mlstack_dsconfig_answers.py, through
+the runner), reads a JSON request on stdin and prints one marked JSON line.
 """
 
 from __future__ import annotations
@@ -19,150 +19,10 @@ from mlstack_ds.detect.marked import UnreadableLine, marked_object
 from mlstack_ds.detect.target_probe import PROBE_CEILING_S, PROBE_STALL_S
 from mlstack_ds.errors import EnvironmentProblem, ToolError, UsageError
 from mlstack_ds.runner import run
+from mlstack_ds.target_side import mlstack_dsconfig_answers as answers_module
+from mlstack_ds.target_side import script
 
-MARKER = "MLSTACK_CONFIG_JSON:"
-
-# Runs in the target interpreter. "estimate": DeepSpeed's estimators for every placement we consider;
-# "validate": DeepSpeedConfig (and, for --hf, transformers' HfTrainerDeepSpeedConfig) on the config.
-SCRIPT = r'''
-import importlib.util, json, os, sys, tempfile
-MARKER = "MLSTACK_CONFIG_JSON:"
-# Parsing and estimating need no device: the CPU accelerator keeps DeepSpeed from probing GPUs.
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
-def answer(doc):
-    print(MARKER + json.dumps(doc, default=str))
-    sys.stdout.flush()
-
-def key_path(config, name, prefix=""):
-    """The dotted path of `name` inside `config` (DeepSpeed's errors name a field, not its section)."""
-    if isinstance(config, dict):
-        if name in config:
-            return prefix + name
-        for key, value in config.items():
-            found = key_path(value, name, prefix + key + ".")
-            if found:
-                return found
-    return None
-
-def describe(exc, config):
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            loc = [str(p) for p in first.get("loc", ())]
-            path = key_path(config, loc[0]) if loc else None
-            if path and len(loc) > 1:
-                path = path + "." + ".".join(loc[1:])
-            return {"key": path or ".".join(loc), "message": first.get("msg", str(exc))}
-        except Exception:
-            pass
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    key = None
-    for word in text.replace("'", " ").replace('"', " ").replace(":", " ").split():
-        key = key_path(config, word)
-        if key:
-            break
-    return {"key": key, "message": "%s: %s" % (type(exc).__name__, text)}
-
-def estimate(req):
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as z2
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as z3
-    p, big, g, n = req["params"], req["largest_layer_params"], req["gpus_per_node"], req["nodes"]
-    rows = []
-    for offload in (False, True):
-        cpu, gpu = z2(total_params=p, num_gpus_per_node=g, num_nodes=n, cpu_offload=offload)
-        rows.append({"stage": 2, "offload_optimizer": offload, "offload_param": False, "gpu": gpu, "cpu": cpu})
-    for offload, offload_param in ((False, False), (True, False), (True, True)):
-        cpu, gpu, _ = z3(total_params=p, largest_layer_params=big, num_gpus_per_node=g, num_nodes=n,
-                         cpu_offload=offload, cpu_offload_params=offload_param, zero_init=True)
-        rows.append({"stage": 3, "offload_optimizer": offload, "offload_param": offload_param, "gpu": gpu,
-                     "cpu": cpu})
-    import deepspeed, torch
-    return {"estimates": rows, "deepspeed": deepspeed.__version__, "hip": getattr(torch.version, "hip", None),
-            "amd_specific": importlib.util.find_spec("deepspeed.runtime.amd_specific") is not None,
-            "transformers": importlib.util.find_spec("transformers") is not None}
-
-def hf_round_trip(config, req):
-    """transformers' own handling of "auto": HfTrainerDeepSpeedConfig fills from TrainingArguments-like
-    values, then finalizes with the model's hidden size; what comes out must have no "auto" left."""
-    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
-    from transformers import TrainingArguments
-    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
-    with tempfile.TemporaryDirectory() as out:
-        # use_cpu: the planning host may have no GPU, and TrainingArguments refuses bf16/fp16 without one.
-        args = TrainingArguments(output_dir=out, use_cpu=True, per_device_train_batch_size=req["micro_batch"],
-                                 bf16="bf16" in config, fp16="fp16" in config, report_to=[])
-    hf.trainer_config_process(args)
-    class Hidden:  # a model's config, as trainer_config_finalize reads it
-        hidden_size = req["hidden"]
-    class Model:
-        config = Hidden()
-    hf.trainer_config_finalize(args, Model(), num_training_steps=100)
-    filled = hf.config
-    left = [k for k, v in _walk(filled) if v == "auto"]
-    return filled, left
-
-def _walk(config, prefix=""):
-    for key, value in config.items():
-        if isinstance(value, dict):
-            yield from _walk(value, prefix + key + ".")
-        else:
-            yield prefix + key, value
-
-def parse(config):
-    from deepspeed.runtime.config import DeepSpeedConfig
-    # Without torch.distributed, DeepSpeedConfig takes world size 1: check the batch keys ourselves and
-    # let DeepSpeed derive train_batch_size from the per-GPU ones.
-    local = {k: v for k, v in config.items() if k != "train_batch_size"}
-    DeepSpeedConfig(local)
-
-def validate(req, config):
-    result = {"ok": True}
-    try:
-        if req.get("hf"):
-            if importlib.util.find_spec("transformers") is None:
-                result["hf"] = "transformers is not installed in the target: the \"auto\" values were not " \
-                               "round-tripped"
-                filled = json.loads(json.dumps(config))  # a deep copy: _replace_auto edits nested sections
-                for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-                    filled[key] = req["batch"][key]
-                _replace_auto(filled)
-            else:
-                filled, left = hf_round_trip(config, req)
-                result["hf"] = "round-tripped through transformers' HfTrainerDeepSpeedConfig"
-                result["hf_filled"] = filled
-                if left:
-                    return {"ok": False, "key": left[0], "message": "transformers left \"auto\" unfilled"}
-            parse(filled)
-        else:
-            parse(config)
-    except BaseException as exc:
-        return {"ok": False, **describe(exc, config)}
-    return result
-
-def _replace_auto(config):
-    """Without transformers: auto values stand in as DeepSpeed's defaults, so the rest is still parsed."""
-    for key, value in list(config.items()):
-        if isinstance(value, dict):
-            _replace_auto(value)
-            if not value:
-                config.pop(key)
-        elif value == "auto":
-            config.pop(key)
-
-def plan(req):
-    """Estimates, and DeepSpeed's verdict on every config sent, as sent, in one start (imports take seconds)."""
-    doc = estimate(req)
-    doc["validations"] = [validate(req, c) for c in req["configs"]]
-    return doc
-
-req = json.loads(sys.stdin.read())
-try:
-    answer(plan(req) if req["mode"] == "plan" else validate(req, req["config"]))
-except ImportError as exc:
-    answer({"missing": str(exc)})
-'''
+MARKER = answers_module.MARKER
 
 
 @dataclass(frozen=True)
@@ -197,7 +57,7 @@ class TargetAnswer:
 
 def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        result = run([python, "-c", SCRIPT], input_text=json.dumps(request), timeout=PROBE_CEILING_S,
+        result = run([python, script(answers_module)], input_text=json.dumps(request), timeout=PROBE_CEILING_S,
                      stall_s=PROBE_STALL_S)  # it imports torch and DeepSpeed: as patient as the probe
     except ToolError as exc:
         raise EnvironmentProblem(f"the target interpreter {python} could not run: {exc.message}",

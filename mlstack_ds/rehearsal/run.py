@@ -40,6 +40,8 @@ from mlstack_ds.rehearsal.therock import make_therock_venv
 from mlstack_ds.runner import run
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.fetch import SourceSpec
+from mlstack_ds.target_side import mlstack_purelib as purelib_module
+from mlstack_ds.target_side import script
 
 # Ops that cannot be built for ROCm (docs/rocm-ops.md): NVIDIA-only pieces (CUTLASS, dskernels, cuFile,
 # PTX) or triton 1.x. A ROCm build must never attempt them.
@@ -219,7 +221,7 @@ def rehearse(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python:
 
 def _wheels_venv(spec: RehearsalSpec, root: Path, python: Path, host: FakeHost) -> Path:
     """The build venv of a ROCm-wheels row, on a host that has no ROCm root of its own; its interpreter."""
-    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    site = run([python, script(purelib_module)]).stdout.strip()
     torch = spec.fake_torch
     venv = make_therock_venv(root, rocm_version=spec.rocm_version, torch_version=torch.version,
                              hip_version=torch.hip or "", arch_flags=torch.arch_flags or "",

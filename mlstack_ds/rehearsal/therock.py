@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mlstack_ds.target_side import mlstack_purelib as purelib_module
+from mlstack_ds.target_side import script
+
 DevelState = Literal["expanded", "tarball", "absent"]
 STUB_SETUPTOOLS = "84.2.1"  # the setuptools torch 2.13.0 brings: plans see an interpreter that builds wheels
 
@@ -150,7 +153,7 @@ def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_
     that builds (its start-up shim then makes that torch report the ROCm release)."""
     subprocess.run([base_python, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
     python = root / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = Path(subprocess.run([str(python), script(purelib_module)],
                                check=True, capture_output=True, text=True).stdout.strip())
     version_info = f"{rocm_version}\n"
     _write(site / "rocm_sdk" / "__init__.py", _fill(ROCM_SDK_INIT, version=rocm_version))
