@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("__init__", "errors", "resources", "tomlcompat")),
     ("on the foundations", ("console", "gfx", "runner", "textfile")),
     ("recipes", ("recipe",)),
+    ("scripts for the target or a node", ("target_side",)),
     ("the worker staged into the target", ("worker",)),
     ("detect", ("detect",)),
     ("installed state", ("installed",)),
@@ -41,6 +42,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("cli",)),
     ("entry point", ("__main__",)),
 ]
+
+# Units whose modules each run alone where mlstack_ds is not importable (the target interpreter, a node):
+# by path, or as text on a `python -` stdin. They import nothing of mlstack_ds, not even each other, and
+# only the standard library at their top level (the target's torch or DeepSpeed only inside a function).
+# The worker is not one: it is staged as a package, so its modules import each other (tests/unit/test_layers.py
+# holds it to its own unit).
+STANDALONE_UNITS: dict[str, str] = {
+    "target_side": "run by path in the target interpreter or sent as text to a node's `python -`",
+}
 
 # The imports allowed between two units of one layer: (importing unit, imported module below mlstack_ds) ->
 # why. Importing a module also runs its packages' __init__.py, so those come with the entry. Why a list: a

@@ -1,5 +1,7 @@
 """Which package an interpreter imports, and from where: `python - NAME` prints NAME's `__version__` and the
-real path of its `__init__.py`. cluster/tool.py sends this file's text to a node for `mlstack_ds`, run with
+real path of its package file.
+
+cluster/tool.py sends this file's text to a node for `mlstack_ds`, run with
 the same interpreter and PYTHONPATH a remote `mlstack-ds` would get, so the node proves it runs this very
 tool. The name comes as an argument: this module imports nothing of mlstack_ds itself.
 """

@@ -2,11 +2,13 @@
 order declared in scripts/architecture.py (the `architecture` fixture), stays inside its own unit, or is
 one of the same-layer pairs listed there with a reason; and no two top-level units reach each other. An
 import runs the `__init__.py` of every package on its path, so the graph counts those too. A new unit needs
-a place in that order, so the folder names keep telling where a change belongs."""
+a place in that order, so the folder names keep telling where a change belongs. The units that run where
+mlstack_ds is absent (STANDALONE_UNITS) import nothing of it, and only the standard library to start."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 from types import ModuleType
@@ -141,6 +143,54 @@ def test_the_worker_imports_nothing_of_the_tool() -> None:
     outside = sorted({t for m, targets in graph.items() if unit_of(m) == "worker" for t in targets
                       if unit_of(t) != "worker"})
     assert not outside, outside
+
+
+def test_standalone_units_import_nothing_of_the_tool(architecture: ModuleType) -> None:
+    """Each of their modules runs alone where mlstack_ds is absent: an import of mlstack_ds, its own unit's
+    modules included, would fail there (read as written: nothing of mlstack_ds runs there)."""
+    graph = written_graph()
+    found = sorted(f"{m} imports {t}" for m, targets in graph.items() if unit_of(m) in architecture.STANDALONE_UNITS
+                   for t in targets)
+    assert not found, found
+
+
+def standalone_imports(path: Path) -> tuple[set[str], set[str]]:
+    """The top-level names a module imports: at its top level, and anywhere (inside functions too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+
+    def names(nodes: list[ast.AST]) -> set[str]:
+        found = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                found.add("." if node.level else (node.module or "").split(".")[0])
+        return found
+
+    return names(list(tree.body)), names(list(ast.walk(tree)))
+
+
+def test_standalone_units_need_only_the_standard_library_to_start(architecture: ModuleType) -> None:
+    """At their top level only the standard library (what the target's interpreter surely has); inside a
+    function the target's own packages (torch, deepspeed, hjson), never a sibling module or a relative
+    import (a module sent as text to `python -` has no siblings)."""
+    problems = []
+    for unit in architecture.STANDALONE_UNITS:
+        modules = sorted((PACKAGE / unit).glob("*.py"))
+        siblings = {p.stem for p in modules} | {"mlstack_ds", "."}
+        for path in modules:
+            top, anywhere = standalone_imports(path)
+            problems += [f"{path.name}: {n} at the top level" for n in sorted(top - set(sys.stdlib_module_names))]
+            problems += [f"{path.name}: imports {n}" for n in sorted(anywhere & siblings)]
+    assert not problems, problems
+
+
+def test_a_standalone_module_importing_the_tool_fails_the_check(tmp_path: Path) -> None:
+    """The check itself: a target_side module importing mlstack_ds, or a sibling inside a function, is found."""
+    bad = tmp_path / "mlstack_bad.py"
+    bad.write_text("import json\nfrom mlstack_ds.errors import UsageError\n\ndef f():\n    import mlstack_purelib\n")
+    top, anywhere = standalone_imports(bad)
+    assert top - set(sys.stdlib_module_names) == {"mlstack_ds"} and "mlstack_purelib" in anywhere
 
 
 def test_few_modules_stay_flat_at_the_package_root() -> None:
