@@ -19,7 +19,16 @@ def origin(name: str) -> str:
     return f"{module.__version__} {os.path.realpath(module.__file__ or '')}"
 
 
+def search_like_python_c() -> None:
+    """Run by path, Python puts this file's directory first on sys.path; `python -c` (how this script ran
+    before) and `python -` (how a node gets it) put the current directory there. Kept so, whichever way it
+    was started."""
+    if sys.path and sys.path[0] == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = ""
+
+
 def main(argv: list[str]) -> int:
+    search_like_python_c()
     print(origin(argv[0]))
     return 0
 

@@ -5,6 +5,7 @@ packaging; the target's may not).
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -13,7 +14,16 @@ def platform_tags() -> list[str]:
     return list(tags())
 
 
+def search_like_python_c() -> None:
+    """Run by path, Python puts this file's directory first on sys.path; `python -c` (how this script ran
+    before) and `python -` (how a node gets it) put the current directory there. Kept so, whichever way it
+    was started."""
+    if sys.path and sys.path[0] == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = ""
+
+
 def main() -> int:
+    search_like_python_c()
     print(" ".join(platform_tags()))
     return 0
 
