@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.installed.lock import is_locked
+from mlstack_ds.target_side import mlstack_change_guard as guard_module
+from mlstack_ds.target_side import source
 
 GUARD_NAME = "mlstack-ds-change-in-progress.pth"
 
@@ -90,15 +92,10 @@ def end_change(prefix: str | Path, journal: Journal, site_dirs: Sequence[str] = 
 
 
 def guard_line(message: str) -> str:
-    """The `.pth` line: site.py executes lines that start with `import`; this one puts a finder first on
-    `sys.meta_path` that refuses `deepspeed` (and its submodules) with `message`. Nothing else changes."""
-    code = ("class MlstackDsChangeInProgress:\n"
-            "    @staticmethod\n"
-            "    def find_spec(name, path=None, target=None):\n"
-            "        if name == 'deepspeed' or name.startswith('deepspeed.'):\n"
-            f"            raise ImportError({message!r}, name=name)\n"
-            "        return None\n"
-            "sys.meta_path.insert(0, MlstackDsChangeInProgress)\n")
+    """The `.pth` line: site.py executes lines that start with `import`; this one runs
+    target_side/mlstack_change_guard.py's text, which puts a finder first on `sys.meta_path` that refuses
+    `deepspeed` (and its submodules) with `message`. Nothing else changes."""
+    code = f"{source(guard_module)}guard({message!r}, sys.meta_path)\n"
     return f"import sys; exec({code!r})\n"
 
 

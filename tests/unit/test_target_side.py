@@ -28,8 +28,10 @@ from mlstack_ds import runner as runner_module
 from mlstack_ds.cluster import remote, tool
 from mlstack_ds.cluster.nodeprobe import node_script, parse_node_output
 from mlstack_ds.detect.target_probe import parse_target_output
+from mlstack_ds.installed.journal import GUARD_NAME, guard_line
 from mlstack_ds.target_side import (
     mlstack_build_wheel,
+    mlstack_change_guard,
     mlstack_connect_check,
     mlstack_dsconfig_answers,
     mlstack_dsconfig_parse,
@@ -270,7 +272,8 @@ def _equal(out: str, expected: str) -> None:
 
 
 def test_every_target_side_module_has_a_run() -> None:
-    assert sorted(RUNS) == sorted(p.stem for p in TARGET_SIDE.glob("mlstack_*.py"))
+    """The change guard is run by site.py from a `.pth` line, never by path: its own test below."""
+    assert sorted([*RUNS, "mlstack_change_guard"]) == sorted(p.stem for p in TARGET_SIDE.glob("mlstack_*.py"))
 
 
 def test_mlstack_ds_is_not_importable_there(tmp_path: Path) -> None:
@@ -305,9 +308,31 @@ def test_the_modules_sent_as_text_run_from_stdin(name: str, tmp_path: Path, list
     run.check(done.stdout, tmp_path)
 
 
+def test_the_change_guard_refuses_deepspeed_only() -> None:
+    meta_path: list[object] = []
+    mlstack_change_guard.guard("being changed", meta_path)
+    (finder,) = meta_path
+    with pytest.raises(ImportError, match=r"^being changed$") as raised:
+        finder.find_spec("deepspeed.ops")
+    assert raised.value.name == "deepspeed.ops"
+    assert finder.find_spec("torch") is None and finder.find_spec("deepspeedx") is None
+
+
+def test_the_change_guards_pth_line_works_without_mlstack_ds(tmp_path: Path) -> None:
+    """The line as installed/journal.py writes it, read by site.py in a fresh interpreter."""
+    site_dir = tmp_path / "site"
+    write(site_dir / GUARD_NAME, guard_line("DeepSpeed is being changed"))
+    write(site_dir / "deepspeed" / "__init__.py", "")
+    assert len((site_dir / GUARD_NAME).read_text().splitlines()) == 1
+    probe = ("import site, sys; site.addsitedir(sys.argv[1])\n"
+             "try:\n    import deepspeed; print('imported')\nexcept ImportError as e: print(e)\n")
+    done = fresh(["-c", probe, str(site_dir)], tmp_path)
+    assert (done.stdout, done.stderr) == ("DeepSpeed is being changed\n", "")
+
+
 def test_importing_a_module_runs_nothing() -> None:
     """The tool imports them for their markers and paths: nothing may happen on import (no output, no exit)."""
     done = subprocess.run([sys.executable, "-c", "import mlstack_ds.target_side." + ", mlstack_ds.target_side.".join(
-        sorted(RUNS))], capture_output=True, text=True, timeout=120, check=True,
+        sorted([*RUNS, "mlstack_change_guard"]))], capture_output=True, text=True, timeout=120, check=True,
         env={**os.environ, "PYTHONPATH": str(TARGET_SIDE.parents[1])})
     assert done.stdout == "" and done.stderr == ""
