@@ -97,13 +97,36 @@ def run_tool(host: str, args: Sequence[str | Path], *, timeout: float) -> ToolRu
     try:
         result = remote.run_on(host, tool_argv([*args, "--json"]), timeout=timeout)
     except ToolTimedOut as exc:
-        raise EnvironmentProblem(f"node {host}: mlstack-ds {args[0]} did not finish within {timeout:g} s",
-                                 hint="see what the node is doing; nothing else waits for it") from exc
+        raise tool_timed_out(host, args, timeout) from exc
     gone = remote.unreachable(result, host)
     if gone is not None:
         raise gone.error()
+    return ToolRun(result.returncode, parse_document(result.stdout), result.stderr)
+
+
+def tool_timed_out(host: str, args: Sequence[str | Path], timeout: float) -> EnvironmentProblem:
+    """The one error of a node whose `mlstack-ds ARGS` outlived its time, whatever reached the node."""
+    return EnvironmentProblem(f"node {host}: mlstack-ds {args[0]} did not finish within {timeout:g} s",
+                              hint="see what the node is doing; nothing else waits for it")
+
+
+def parse_document(text: str) -> dict[str, Any] | None:
+    """The tool's `--json` document in what a node printed; None when it printed none (a crash, a missing
+    tool), so the caller falls back to the node's stderr."""
     try:
-        document = json.loads(result.stdout) if result.stdout.strip() else None
+        document = json.loads(text) if text.strip() else None
     except ValueError:
-        document = None
-    return ToolRun(result.returncode, document if isinstance(document, dict) else None, result.stderr)
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def answered_code(document: dict[str, Any] | None, fallback: int) -> int:
+    """A node's exit code from its document, for transports that see only the whole step's (srun): the
+    error's own exit code, 0 for a document without an error, else `fallback`."""
+    if document is None:
+        return fallback or 1
+    error = document.get("error")
+    if not isinstance(error, dict):
+        return 0
+    code = error.get("exit_code")
+    return code if isinstance(code, int) and code else fallback or 1

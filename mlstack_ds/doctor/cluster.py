@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds import runner
+from mlstack_ds.cluster import srun_steps as srun
 from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.nodeprobe import (
@@ -29,7 +30,7 @@ from mlstack_ds.doctor.cluster_input import ClusterInput
 from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
 from mlstack_ds.errors import ToolTimedOut
-from mlstack_ds.launch import launcher, srun
+from mlstack_ds.launch import launcher
 
 
 @dataclass(frozen=True)

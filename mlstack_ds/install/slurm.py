@@ -24,6 +24,7 @@ from pathlib import Path
 
 from mlstack_ds.build.wheel import BuildProgress
 from mlstack_ds.cluster import slurm
+from mlstack_ds.cluster import srun_steps as srun
 from mlstack_ds.cluster.tool import SAME_PATH_HINT, ToolRun, tool_argv
 from mlstack_ds.console import Output
 from mlstack_ds.errors import EnvironmentProblem, MlstackError, ToolTimedOut, UsageError
@@ -44,7 +45,6 @@ from mlstack_ds.install.nodes import (
     wheel_for_nodes,
 )
 from mlstack_ds.install.pipeline import InstallRequest
-from mlstack_ds.launch import srun
 from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
 PROBE_NAME = ".mlstack-ds-slurm-probe-"

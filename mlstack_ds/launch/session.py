@@ -22,6 +22,7 @@ from typing import Any
 
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.slurm import Allocation
+from mlstack_ds.cluster.srun_steps import find_srun
 from mlstack_ds.launch import launcher, nodes, srun
 from mlstack_ds.worker import protocol
 
@@ -143,7 +144,7 @@ def _launch_srun(python: Path, args: Sequence[str], env: dict[str, str], *, allo
                  stall_s: float | None, progress: Callable[[], object] | None) -> Launched:
     """The Slurm branch: every node checked by one srun step, then one task per rank; srun.run_launch
     returns only when no task of either step is left on any node (the launch directory is shared)."""
-    srun_path = srun.find_srun(env)
+    srun_path = find_srun(env)
     env.update(srun.rendezvous_env(hosts))
     node_list = srun.check_nodes(python, dirs.root, allocation=allocation, hosts=hosts,
                                  run_id=dirs.run_id, env=env, status=status)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 
-from mlstack_ds.launch import labelled
+from mlstack_ds.cluster import labelled
 
 MAX_MSG_LEN = 1024
 

@@ -1,0 +1,110 @@
+"""`--slurm`: the seam (cluster/transport.py) through srun steps of the allocation the tool runs in.
+
+What differs from ssh: every node at once is one step (one task per node, cluster/srun_steps.py), not one
+connection per node; srun copies no files, so whatever a node needs from this host must be on a file system
+they share; a node's exit code is not the step's, so a node's answer is read from its own `--json` document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlstack_ds import runner
+from mlstack_ds.cluster.slurm import Allocation
+from mlstack_ds.cluster.srun_steps import CHECK_TIMEOUT_S, find_srun, on_each_node, on_node, stop_steps
+from mlstack_ds.cluster.tool import ToolRun, answered_code, parse_document, tool_argv, tool_timed_out
+from mlstack_ds.cluster.transport import ScriptAnswer
+from mlstack_ds.errors import EnvironmentProblem, ToolTimedOut
+
+# One step for all nodes starts and ends slower than one ssh call (slurmctld, slurmd and every task's
+# start), most under load: a script's time per node is given this much more as a whole step.
+STEP_SLACK = 2.0
+# `sh -c ALWAYS_ZERO sh ARGV...`: the task ends 0 whatever ARGV's exit, so that srun's --kill-on-bad-exit does
+# not end the other nodes' tasks when one node's tool says no (its document carries its exit code).
+ALWAYS_ZERO = '"$@"; exit 0'
+
+
+@dataclass(frozen=True)
+class SrunNodes:
+    """The nodes of the Slurm allocation this process runs in, reached by srun steps."""
+
+    allocation: Allocation
+    env: Mapping[str, str]
+    option: str = "--slurm"
+    reached_by: str = "srun"
+    no_answer: str = "no answer from srun"
+    copies_files: bool = False
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self.allocation.nodes
+
+    def check_nodes(self, python: Path) -> None:
+        """srun here; a node without the tool or `python` says so in `run_tool_on_each`'s one step (a step of
+        its own for the check would cost every node's task start again)."""
+        find_srun(self.env)
+
+    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
+        try:
+            result = on_node(self.allocation, host, tool_argv([*args, "--json"]), timeout_s=timeout_s, env=self.env)
+        except ToolTimedOut as exc:
+            raise tool_timed_out(host, args, timeout_s) from exc
+        return ToolRun(result.returncode, parse_document(result.stdout), result.stderr)
+
+    def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
+                         done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
+        """One step; each node's answer is its own document, with the step's stderr for a node that printed
+        none (srun's word on why its task did not run, or the tool's traceback)."""
+        try:
+            answers, result = on_each_node(self.allocation, list(self.hosts),
+                                           ["sh", "-c", ALWAYS_ZERO, "sh", *tool_argv([*args, "--json"])],
+                                           timeout_s=timeout_s, env=self.env)
+        except ToolTimedOut as exc:
+            raise EnvironmentProblem(f"mlstack-ds {args[0]} did not finish on every node within {timeout_s:g} s",
+                                     hint=f"is the allocation still running (`squeue -j {self.allocation.job_id}`)?"
+                                     ) from exc
+        runs = []
+        for host in self.hosts:
+            document = parse_document(answers.get(host, ""))
+            run = ToolRun(answered_code(document, result.returncode), document, result.stderr)
+            if done is not None:
+                done(host, run)
+            runs.append(run)
+        return runs
+
+    def script_on_each(self, script: str, *, timeout_s: float,
+                       done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
+        """One step of `sh -s` with the script as every task's stdin; a node whose task printed nothing did
+        not answer."""
+        step_timeout = timeout_s * STEP_SLACK
+        try:
+            outputs, result = on_each_node(self.allocation, list(self.hosts), ["sh", "-s"], input_text=script,
+                                           timeout_s=step_timeout, env=self.env)
+            silent = f"its srun task did not answer (srun exit {result.returncode})"
+        except ToolTimedOut:
+            outputs, silent = {}, f"its srun task did not answer within {step_timeout:g} s"
+        answers = []
+        for host in self.hosts:
+            answer = (ScriptAnswer(host, outputs[host]) if host in outputs
+                      else ScriptAnswer(host, "", unreachable=silent))
+            if done is not None:
+                done(answer)
+            answers.append(answer)
+        return answers
+
+    def run(self, host: str, argv: Sequence[str | Path], *, timeout_s: float = CHECK_TIMEOUT_S) -> runner.RunResult:
+        return on_node(self.allocation, host, argv, timeout_s=timeout_s, env=self.env)
+
+    def sees(self, paths: Sequence[Path]) -> Mapping[str, frozenset[str]]:
+        answers, _result = on_each_node(self.allocation, list(self.hosts), ["ls", "-d", "--", *paths],
+                                        timeout_s=CHECK_TIMEOUT_S, env=self.env)
+        return {host: frozenset(line.strip() for line in answers.get(host, "").splitlines()) for host in self.hosts}
+
+    def copy_to(self, host: str, local: Path, remote_parent: Path) -> None:
+        raise EnvironmentProblem(f"node {host}: srun copies no files ({local} is not on a file system it shares)",
+                                 hint="put it on a file system every node sees (e.g. under $HOME)")
+
+    def stop(self, run_id: str) -> None:
+        stop_steps(self.allocation.job_id, run_id, self.env)

@@ -1,0 +1,115 @@
+"""srun steps on an allocation's nodes: a command on each node (one task per node) or on one, and no step
+left behind.
+
+Why here and not beside the rank launch (launch/srun.py): installing, doctor and the launch all reach the
+allocation's nodes through these steps; they are how `--slurm` reaches a node, as ssh is for `--hostfile`
+(cluster/remote.py).
+
+Stopping: srun is started in a session of its own; on a time-out or Ctrl-C/SIGTERM it gets SIGTERM (srun
+then SIGKILLs the step's tasks on every node; a SIGKILLed srun would leave them running), and whatever
+the step still has afterwards is cancelled by name (`scancel --signal=KILL JOB.STEP`); a step returns
+only once `squeue` lists no step of its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from mlstack_ds import runner
+from mlstack_ds.cluster import labelled
+from mlstack_ds.cluster.hostfile import HostEntry
+from mlstack_ds.cluster.slurm import Allocation
+from mlstack_ds.errors import EnvironmentProblem, ToolError
+
+TERMINATE_GRACE_S = 30.0  # srun's own teardown after SIGTERM: seconds idle, more under load
+STEP_GONE_TIMEOUT_S = 120.0  # until squeue no longer lists a cancelled step (KillWait 30 s by default, load)
+CHECK_TIMEOUT_S = 180.0  # the per-node pre-launch step: an srun of `ls`, tens of seconds under a load of 15+
+SQUEUE_TIMEOUT_S = 60.0
+
+
+def step_name(kind: str) -> str:
+    """A step name of its own, so that exactly this step can be found and cancelled afterwards."""
+    return f"mlstack-verify-{uuid.uuid4().hex[:16]}-{kind}"
+
+
+def step_options(allocation: Allocation, hosts: Sequence[HostEntry], name: str, tasks_per_node: int) -> list[str]:
+    """srun's options for one step on `hosts` (a prefix of the allocation's nodes), `tasks_per_node` each."""
+    return [f"--jobid={allocation.job_id}", f"--nodes={len(hosts)}", f"--nodelist={','.join(h.host for h in hosts)}",
+            f"--ntasks={len(hosts) * tasks_per_node}", f"--ntasks-per-node={tasks_per_node}", f"--job-name={name}",
+            "--export=ALL", "--kill-on-bad-exit=1"]
+
+
+def find_srun(env: Mapping[str, str]) -> Path:
+    srun = runner.which("srun", path=env.get("PATH"))
+    if srun is None:
+        raise EnvironmentProblem("srun is not on PATH: --slurm starts the ranks with it",
+                                 hint="load the Slurm client (e.g. `module load slurm`) or put its bin on PATH")
+    return srun
+
+
+def run_step(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: str, env: Mapping[str, str],
+             cwd: Path | None = None, input_text: str | None = None, stall_s: float | None = None,
+             progress: Callable[[], object] | None = None) -> runner.RunResult:
+    """Run one srun step to completion or time-out (`stall_s`, `progress`: see `runner.wait_patiently`);
+    afterwards no task of it is left on any node."""
+    try:
+        return runner.run(argv, timeout=timeout_s, env=env, cwd=cwd, terminate_s=TERMINATE_GRACE_S,
+                          input_text=input_text, stall_s=stall_s, progress=progress)
+    finally:  # also on Ctrl-C/SIGTERM: srun had its SIGTERM; what Slurm still runs of the step is cancelled
+        stop_steps(job_id, run_id, env)
+
+
+def live_steps(job_id: str, name: str, env: Mapping[str, str]) -> list[str]:
+    """The step ids (`JOB.STEP`) of job `job_id` named `name` that Slurm still lists."""
+    squeue = runner.which("squeue", path=env.get("PATH"))
+    if squeue is None:
+        return []
+    with contextlib.suppress(ToolError):
+        out = runner.run([squeue, "-h", "-s", "-j", job_id, "-o", "%i|%j"], timeout=SQUEUE_TIMEOUT_S, env=env)
+        return [step for step, _, step_name in (line.partition("|") for line in out.stdout.splitlines())
+                if step_name.strip() == name]
+    return []
+
+
+def stop_steps(job_id: str, name: str, env: Mapping[str, str], timeout_s: float = STEP_GONE_TIMEOUT_S) -> list[str]:
+    """SIGKILL every task of the steps named `name` (`scancel`) until squeue lists none; returns what is left
+    after `timeout_s` (empty: nothing of the launch runs on any node). One squeue call when already gone."""
+    deadline = time.monotonic() + timeout_s
+    scancel = runner.which("scancel", path=env.get("PATH"))
+    while True:
+        steps = live_steps(job_id, name, env)
+        if not steps or time.monotonic() > deadline:
+            return steps
+        if scancel is not None:
+            with contextlib.suppress(ToolError):
+                runner.run([scancel, "--signal=KILL", *steps], timeout=SQUEUE_TIMEOUT_S, env=env)
+        time.sleep(0.5)
+
+
+def on_each_node(allocation: Allocation, hosts: Sequence[str], argv: Sequence[str | Path], *, timeout_s: float,
+                 env: Mapping[str, str], input_text: str | None = None,
+                 name: str | None = None) -> tuple[dict[str, str], runner.RunResult]:
+    """`argv` once on each of `hosts` in one srun step (one task per node, `--label`, named `name`); returns
+    each node's own stdout, whole (`labelled`: a node whose task printed nothing is absent), and the step's
+    result. Raises ToolTimedOut after `timeout_s`, with the step gone."""
+    entries = [HostEntry(host, 1) for host in hosts]
+    name = name or step_name("each")
+    command = [str(find_srun(env)), *step_options(allocation, entries, name, 1), "--label",
+               *(["--input=all"] if input_text is not None else []), *labelled.wrapped([str(a) for a in argv])]
+    result = run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env,
+                      input_text=input_text)
+    outputs = labelled.task_outputs(result.stdout)
+    return {hosts[task]: text for task, text in outputs.items() if task < len(hosts)}, result
+
+
+def on_node(allocation: Allocation, host: str, argv: Sequence[str | Path], *, timeout_s: float,
+            env: Mapping[str, str]) -> runner.RunResult:
+    """`argv` as one task on `host` (an srun step of one task), like `ssh host argv`; ToolTimedOut after
+    `timeout_s`, with the step gone."""
+    name = step_name("on")
+    command = [str(find_srun(env)), *step_options(allocation, [HostEntry(host, 1)], name, 1), *map(str, argv)]
+    return run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env)
