@@ -41,9 +41,8 @@ from mlstack_ds.cli.options import (
 from mlstack_ds.cluster.slurm import refuse_with_hostfile
 from mlstack_ds.console import Cell, Output, make_output, print_records
 from mlstack_ds.errors import Interrupted, UsageError, VerifyFailed
-from mlstack_ds.install.nodes import run_hostfile_install
+from mlstack_ds.install.nodes import run_hostfile_install, run_slurm_install
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build, run_install
-from mlstack_ds.install.slurm import run_slurm_install
 from mlstack_ds.install.wheel import rollback, uninstall
 from mlstack_ds.installed.health import check_health, probe_installed
 from mlstack_ds.installed.journal import unfinished_change

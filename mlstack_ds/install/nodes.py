@@ -1,4 +1,5 @@
-"""`install --hostfile`: build the wheel once here, install that same wheel on every node, all or nothing.
+"""`install --hostfile` and `install --slurm`: build the wheel once here, install that same wheel on every node,
+all or nothing; written once against the node seam (cluster/transport.py), whichever way the nodes are reached.
 
 Why this shape (docs/multinode.md): a multi-node job needs the same DeepSpeed build everywhere,
 and compiling on every node would take as long per node as here and could give different builds. So:
@@ -7,27 +8,33 @@ and compiling on every node would take as long per node as here and could give d
    at the same paths, its platform and GPU targets from the tool's own `detect` run there);
 2. the targets are the union of the nodes' GPU archs (`--arch` overrides), one wavefront size;
 3. the wheel is built (or found in the cache) here, once;
-4. each node installs it by running `mlstack-ds install --cached-wheel KEY` there, which refuses to
-   build: a node whose plan differs fails naming the difference. A node that does not see this host's
-   cache gets the cache entry copied to the same path first; nodes that share the target environment
-   (a venv on a shared file system) are installed once, by the first of them;
-5. the first node that fails stops the run, and the nodes this run installed are rolled back.
+4. one round asks every node which of two files this host just wrote it sees: one in the wheel's cache entry,
+   one in the target environment. Nodes that see the environment's share it (a venv on a shared file
+   system) and it is installed once, by the first of them; a node that does not see the cache gets the
+   entry copied to the same path first (where the transport copies files: ssh does, srun does not);
+5. each group's node runs `mlstack-ds install --cached-wheel KEY` there, which refuses to build: a node
+   whose plan differs fails naming the difference;
+6. the first node that fails stops the run, and the nodes this run installed are rolled back.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds import gfx, runner
+from mlstack_ds import gfx
 from mlstack_ds.build.wheel import BuildProgress
 from mlstack_ds.bundle.offline import NOTHING_INSTALLED
-from mlstack_ds.cluster import remote
-from mlstack_ds.cluster.fanout import on_each
-from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
-from mlstack_ds.cluster.tool import ToolRun, check_tool, run_tool
+from mlstack_ds.cluster import slurm
+from mlstack_ds.cluster.remote import SharedFileProbe
+from mlstack_ds.cluster.srun_nodes import SrunNodes
+from mlstack_ds.cluster.ssh_nodes import SshNodes
+from mlstack_ds.cluster.tool import SAME_PATH_HINT, ToolRun
+from mlstack_ds.cluster.transport import NodeTransport
 from mlstack_ds.console import Output
 from mlstack_ds.errors import EnvironmentProblem, ExitCode, InstallError, MlstackError, UsageError
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build
@@ -39,6 +46,7 @@ from mlstack_ds.verify.suite import VerifyOptions, run_verify
 DETECT_TIMEOUT_S = 300.0
 INSTALL_TIMEOUT_S = 3600.0  # pip on the node: DeepSpeed's requirements, then the wheel
 ROLLBACK_TIMEOUT_S = 1800.0
+PROBE_NAME = ".mlstack-ds-node-probe-"  # the files this host writes to see which nodes share its file systems
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,6 @@ class NodeGroup:
     """Nodes that see one target environment: the first installs, the others share its result."""
 
     leader: NodeFacts
-    probe: remote.SharedFileProbe | None  # a file the leader wrote into the environment, to recognise the others
     members: list[str] = field(default_factory=list)
 
 
@@ -97,26 +104,6 @@ def union_archs(per_node: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
     return archs
 
 
-def node_facts(host: str, python: Path) -> NodeFacts:
-    """Check one node (reachable, the target interpreter and this tool at the same paths) and ask the
-    tool's own detect there; EnvironmentProblem naming the node otherwise."""
-    gone = remote.check_reachable(host)
-    if gone is not None:
-        raise gone.error()
-    if not remote.run_on(host, ["test", "-x", python]).ok:
-        raise EnvironmentProblem(f"node {host} has no interpreter at {python}",
-                                 hint="create the target environment at the same path on every node (a shared "
-                                 "file system does it once)")
-    check_tool(host)
-    detected = run_tool(host, ["detect", "--python", python], timeout=DETECT_TIMEOUT_S)
-    document = detected.document or {}
-    if not detected.ok or "platform" not in document:
-        raise EnvironmentProblem(f"node {host}: mlstack-ds detect failed: {detected.error_message()}",
-                                 hint=detected.error_hint() or f"run `mlstack-ds detect --python {python}` there")
-    prefix = str((document.get("python") or {}).get("prefix") or "")
-    return NodeFacts(host, str(document["platform"]), gpu_archs(document.get("gpus") or []), prefix)
-
-
 def check_platforms(facts: Sequence[NodeFacts], here: str) -> None:
     """One platform everywhere, and the one this host plans for (a ROCm wheel cannot serve a CPU node)."""
     platforms = {f.platform for f in facts}
@@ -124,59 +111,6 @@ def check_platforms(facts: Sequence[NodeFacts], here: str) -> None:
         seen = "; ".join(f"{f.host}: {f.platform}" for f in facts)
         raise EnvironmentProblem(f"the nodes are not all {here} machines like this host ({seen})",
                                  hint="one install --hostfile serves nodes of one platform: split the hostfile")
-
-
-def group_by_environment(facts: Sequence[NodeFacts], status: Callable[[str], None]) -> list[NodeGroup]:
-    """Nodes that see the same target environment (a file one node writes into it is there on the other:
-    a shared file system) form one group; it is installed once. A node that cannot write the probe
-    file is a group of its own (its install then says why)."""
-    groups: list[NodeGroup] = []
-    try:
-        for node in facts:
-            group = next((g for g in groups if g.probe is not None and g.leader.prefix == node.prefix
-                          and g.probe.seen_by(node.host)), None)
-            if group is not None:
-                group.members.append(node.host)
-                status(f"{node.host}: shares the target environment with {group.leader.host}")
-                continue
-            groups.append(NodeGroup(node, remote.SharedFileProbe.on(node.host, Path(node.prefix),
-                                                                    ".mlstack-ds-node-probe-")))
-    except BaseException:
-        remove_probes(groups)
-        raise
-    return groups
-
-
-def remove_probes(groups: Sequence[NodeGroup]) -> None:
-    for group in groups:
-        if group.probe is not None:
-            group.probe.remove()
-
-
-def ensure_cached(host: str, wheel: Path, cache_root: Path) -> str:
-    """Make the cache entry holding `wheel` (its directory: the wheel and build.json) exist at the same
-    path on `host`: "shared" (the node sees this cache), "present" (it has the same wheel) or "copied"
-    (scp into the cache's tmp/, then renamed into place, so a cut copy is never a valid entry)."""
-    probe = remote.SharedFileProbe.here(cache_root / "tmp", "node-probe-")
-    try:
-        if probe.seen_by(host):
-            return "shared"
-    finally:
-        probe.remove()
-    digest = sha256_of(wheel)
-    there = remote.run_on(host, ["sha256sum", wheel])
-    if there.ok and there.stdout.split()[:1] == [digest]:
-        return "present"
-    entry = wheel.parent
-    incoming = cache_root / "tmp" / f"incoming-{probe.content[:12]}"
-    remote.copy_to(host, entry, incoming)
-    moved = remote.run_on(host, ["sh", "-c", 'mkdir -p "$(dirname "$2")" && rm -rf -- "$2" && mv -- "$1" "$2" '
-                                 '&& rmdir -- "$3"', "sh", incoming / entry.name, entry, incoming])
-    if not moved.ok:
-        raise EnvironmentProblem(f"node {host}: cannot put the wheel into its cache {cache_root}: "
-                                 f"{moved.tail(1) or f'exit code {moved.returncode}'}",
-                                 hint="the user running mlstack-ds must be able to write the cache on every node")
-    return "copied"
 
 
 def node_install_args(request: InstallRequest, python: Path, cache_root: Path, archs: Sequence[str],
@@ -215,19 +149,6 @@ def receipt_summary(receipt: Mapping[str, Any] | None) -> dict[str, Any] | None:
                                               "installed_at", "python")}
 
 
-def install_on(group: NodeGroup, args: Sequence[str]) -> ToolRun:
-    return run_tool(group.leader.host, args, timeout=INSTALL_TIMEOUT_S)
-
-
-def rollback_on(host: str, python: Path) -> str | None:
-    """Undo this run's install on `host`; None when done, else why not (the run's error reports it)."""
-    try:
-        result = run_tool(host, ["rollback", "--python", python], timeout=ROLLBACK_TIMEOUT_S)
-    except MlstackError as exc:
-        return exc.message
-    return None if result.ok else result.error_message()
-
-
 def node_failure(host: str, run: ToolRun, rolled_back: Sequence[str], not_rolled_back: Mapping[str, str]
                  ) -> MlstackError:
     """The error of the run: the node and its reason, with the node's own exit code (install's 7 when it
@@ -245,15 +166,6 @@ def node_exit_code(run: ToolRun) -> ExitCode:
     return ExitCode(run.returncode) if run.returncode in {int(c) for c in ExitCode} - {0, 1} else ExitCode.INSTALL
 
 
-def require_ssh(hosts: Sequence[HostEntry]) -> None:
-    """ssh and scp must exist here before the first node is asked anything (one clear error)."""
-    for tool in ("ssh", "scp"):
-        if runner.which(tool) is None:
-            raise EnvironmentProblem(f"{tool} is not installed on this host; install --hostfile reaches the "
-                                     f"{len(hosts)} node(s) with it",
-                                     hint="install the OpenSSH client (Debian: apt-get install openssh-client)")
-
-
 @dataclass(frozen=True)
 class HostfileOutcome:
     plan: BuildPlan
@@ -269,43 +181,145 @@ class HostfileOutcome:
 
 def run_hostfile_install(request: InstallRequest, hostfile: Path, output: Output,
                          progress: BuildProgress | None = None, *, dry_run: bool = False) -> HostfileOutcome:
-    """Check every node, build here, install on each node, roll back on the first failure, verify."""
-    if request.python is None:
-        raise UsageError("install --hostfile needs the target interpreter's path", hint="pass --python PATH")
-    python = request.python
-    hosts = parse_hostfile(hostfile)
-    require_ssh(hosts)
-    results = {h.host: NodeResult(h.host) for h in hosts}
+    """`install --hostfile`: the hostfile's nodes over ssh; verified by `verify --hostfile`."""
+    python = target_python(request, "--hostfile")
+    nodes = SshNodes.read(hostfile, command="install --hostfile")
+    return install_on_nodes(request, python, nodes, output, progress, dry_run=dry_run,
+                            verify=VerifyOptions(python=python, hostfile=hostfile))
 
-    def ready(host: str, found: NodeFacts) -> None:
+
+def run_slurm_install(request: InstallRequest, output: Output, progress: BuildProgress | None = None, *,
+                      dry_run: bool = False, env: Mapping[str, str] | None = None) -> HostfileOutcome:
+    """`install --slurm`: the allocation's nodes through srun; verified by `verify --slurm`."""
+    environ = dict(os.environ if env is None else env)
+    allocation = slurm.current(environ)
+    python = target_python(request, "--slurm")
+    output.status(f"Slurm job {allocation.job_id}: {len(allocation.nodes)} node(s) ({', '.join(allocation.nodes)})")
+    return install_on_nodes(request, python, SrunNodes(allocation, environ), output, progress, dry_run=dry_run,
+                            verify=VerifyOptions(python=python, slurm=True))
+
+
+def target_python(request: InstallRequest, option: str) -> Path:
+    if request.python is None:
+        raise UsageError(f"install {option} needs the target interpreter's path", hint="pass --python PATH")
+    return request.python
+
+
+def install_on_nodes(request: InstallRequest, python: Path, nodes: NodeTransport, output: Output,
+                     progress: BuildProgress | None = None, *, dry_run: bool = False,
+                     verify: VerifyOptions) -> HostfileOutcome:
+    """Check every node, build here, install on each node (or once per shared environment), roll back on the
+    first failure, verify across the nodes (`verify`)."""
+    results = {host: NodeResult(host) for host in nodes.hosts}
+    nodes.check_nodes(python)
+    facts = detect_nodes(nodes, python, results, output)
+    plan = plan_for_nodes(request, facts)
+    cache_root, index, node_args = args_for_nodes(plan, python, output, dry_run=dry_run)
+    if request.offline is not None:
+        check_bundle_on_nodes(request.offline, nodes, [*node_args, "--dry-run"], results, output)
+    if dry_run:
+        return HostfileOutcome(plan.plan, None, tuple(results.values()))
+    wheel = wheel_for_nodes(plan, index, output, progress)
+    groups, seeing_cache = group_nodes(nodes, facts, wheel, output)
+
+    def place(host: str) -> str:
+        if wheel is None:
+            return "index"
+        return "shared" if host in seeing_cache else copy_cache_entry(nodes, host, wheel, cache_root)
+
+    install_groups(groups, results, nodes=nodes, node_args=node_args, place=place, python=python, output=output)
+    report = None
+    if request.verify:
+        output.status(f"verifying across the {len(nodes.hosts)} node(s) (mlstack-ds verify {nodes.option})")
+        report = run_verify(verify, status=output.status)
+    return HostfileOutcome(plan.plan, wheel, tuple(results.values()), report)
+
+
+def detect_nodes(nodes: NodeTransport, python: Path, results: Mapping[str, NodeResult], output: Output
+                 ) -> list[NodeFacts]:
+    """This tool's `detect --python PYTHON` on every node (a "ready" line each, in host order);
+    EnvironmentProblem naming every node that did not answer with its facts."""
+    facts: list[NodeFacts] = []
+    problems: list[tuple[str, ToolRun]] = []
+
+    def ready(host: str, run: ToolRun) -> None:
+        document = run.document or {}
+        if not run.ok or "platform" not in document:
+            problems.append((host, run))
+            return
+        prefix = str((document.get("python") or {}).get("prefix") or "")
+        found = NodeFacts(host, str(document["platform"]), gpu_archs(document.get("gpus") or []), prefix)
+        facts.append(found)
         results[host].action = "checked"
         output.status(f"{host}: ready ({found.platform}"
                       + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
 
-    # all nodes at once (each check is a few ssh round trips and a detect there); reported in hostfile order,
-    # so the first node that cannot take part is the one named, and its line comes after its predecessors'
-    facts: list[NodeFacts] = on_each([h.host for h in hosts], lambda host: node_facts(host, python),
-                                     done=ready, in_order=True)
-    plan = plan_for_nodes(request, facts)
-    cache_root, index, node_args = args_for_nodes(plan, python, output, dry_run=dry_run)
-    if request.offline is not None:
-        check_bundle_on_nodes(request.offline, [h.host for h in hosts], results, output, parallel=True,
-                              dry_run=lambda host: run_tool(host, [*node_args, "--dry-run"], timeout=DETECT_TIMEOUT_S))
-    if dry_run:
-        return HostfileOutcome(plan.plan, None, tuple(results.values()))
-    wheel = wheel_for_nodes(plan, index, output, progress)
-    groups = group_by_environment(facts, output.status)
-    ssh_ops = NodeOps(cache=lambda host: ensure_cached(host, wheel, cache_root) if wheel else "index",
-                      install=lambda group: install_on(group, node_args), rollback=rollback_on)
+    nodes.run_tool_on_each(["detect", "--python", python], timeout_s=DETECT_TIMEOUT_S, done=ready)
+    if problems:
+        said = [f"node {host}: mlstack-ds detect failed: {run.error_message()}" for host, run in problems]
+        message = said[0] if len(said) == 1 else f"{len(said)} nodes cannot take part: {'; '.join(said)}"
+        raise EnvironmentProblem(message, hint=problems[0][1].error_hint() or f"{SAME_PATH_HINT}; create --python's "
+                                 f"environment at the same path on every node (`mlstack-ds detect --python {python}` "
+                                 "there says why not)")
+    return facts
+
+
+def group_nodes(nodes: NodeTransport, facts: Sequence[NodeFacts], wheel: Path | None, output: Output
+                ) -> tuple[list[NodeGroup], frozenset[str]]:
+    """(the groups: nodes that see this host's copy of the first node's target environment form one, installed
+    once; every other node is a group of its own; the nodes that see the wheel's cache entry). One round:
+    each node is asked which of two files this host just wrote it sees. A transport that copies no files
+    needs every node to see the cache (unless they install from an index: `wheel` None)."""
+    prefix = Path(facts[0].prefix)
+    written: list[SharedFileProbe] = []
     try:
-        install_groups(groups, results, ops=ssh_ops, python=python, output=output)
+        for directory in ([wheel.parent] if wheel is not None else []) + [prefix]:
+            try:
+                written.append(SharedFileProbe.here(directory, PROBE_NAME))
+            except OSError:
+                continue  # this host cannot write there: no node is taken to share it
+        seen = nodes.sees([probe.path for probe in written]) if written else {}
     finally:
-        remove_probes(groups)
-    report = None
-    if request.verify:
-        output.status(f"verifying across the {len(hosts)} node(s) (mlstack-ds verify --hostfile)")
-        report = run_verify(VerifyOptions(python=python, hostfile=hostfile), status=output.status)
-    return HostfileOutcome(plan.plan, wheel, tuple(results.values()), report)
+        for probe in written:
+            probe.remove()
+    cache_probe = next((str(p.path) for p in written if wheel is not None and p.path.parent == wheel.parent), None)
+    env_probe = next((str(p.path) for p in written if p.path.parent == prefix), None)
+    seeing_cache = frozenset(host for host, paths in seen.items() if cache_probe in paths)
+    blind = [f.host for f in facts if f.host not in seeing_cache]
+    if wheel is not None and blind and not nodes.copies_files:
+        cache_root = wheel.parent.parent.parent  # <cache>/wheels/<key>/<wheel>
+        raise EnvironmentProblem(f"node(s) {', '.join(blind)} do not see the wheel cache {cache_root}",
+                                 hint=f"install {nodes.option} installs the wheel from the cache: give --cache-dir "
+                                 "on a file system every node sees (e.g. under $HOME)")
+    shared = [f for f in facts if f.prefix == str(prefix) and env_probe in seen.get(f.host, frozenset())]
+    groups: list[NodeGroup] = []
+    if shared:
+        groups.append(NodeGroup(shared[0], [f.host for f in shared[1:]]))
+        for member in shared[1:]:
+            output.status(f"{member.host}: shares the target environment with {shared[0].host}")
+    groups += [NodeGroup(f) for f in facts if f not in shared]
+    order = [f.host for f in facts]
+    return sorted(groups, key=lambda g: order.index(g.leader.host)), seeing_cache
+
+
+def copy_cache_entry(nodes: NodeTransport, host: str, wheel: Path, cache_root: Path) -> str:
+    """Make the cache entry holding `wheel` (its directory: the wheel and build.json) exist at the same path
+    on `host`, which does not see this host's: "present" (it has the same wheel) or "copied" (into the
+    cache's tmp/, then renamed into place, so a cut copy is never a valid entry)."""
+    digest = sha256_of(wheel)
+    there = nodes.run(host, ["sha256sum", wheel])
+    if there.ok and there.stdout.split()[:1] == [digest]:
+        return "present"
+    entry = wheel.parent
+    incoming = cache_root / "tmp" / f"incoming-{secrets.token_hex(6)}"
+    nodes.copy_to(host, entry, incoming)
+    moved = nodes.run(host, ["sh", "-c", 'mkdir -p "$(dirname "$2")" && rm -rf -- "$2" && mv -- "$1" "$2" '
+                             '&& rmdir -- "$3"', "sh", incoming / entry.name, entry, incoming])
+    if not moved.ok:
+        raise EnvironmentProblem(f"node {host}: cannot put the wheel into its cache {cache_root}: "
+                                 f"{moved.tail(1) or f'exit code {moved.returncode}'}",
+                                 hint="the user running mlstack-ds must be able to write the cache on every node")
+    return "copied"
 
 
 @dataclass(frozen=True)
@@ -348,14 +362,15 @@ def wheel_for_nodes(nodes: NodesPlan, index: str | None, output: Output, progres
     return None if index else head_wheel(nodes.prepared, nodes.request, output, progress)
 
 
-def check_bundle_on_nodes(bundle: Path, hosts: Sequence[str], results: Mapping[str, NodeResult], output: Output, *,
-                          dry_run: Callable[[str], ToolRun], parallel: bool) -> None:
-    """`--offline DIR`: every node runs its own install command with `--dry-run` (`dry_run(host)`), which checks
+def check_bundle_on_nodes(bundle: Path, nodes: NodeTransport, dry_run_args: Sequence[str],
+                          results: Mapping[str, NodeResult], output: Output) -> None:
+    """`--offline DIR`: every node runs its own install command with `--dry-run` (`dry_run_args`), which checks
     the bundle against that node's Python and platform, and DIR as that node sees it, before the head builds
     and before anything changes on any node. A node the bundle does not cover: InstallError naming every such
     node, with the node's exit code (7: the bundle lacks something; 2: not a bundle there) and its hint (the
     `bundle` command that completes it for that node)."""
-    runs = on_each(hosts, dry_run, in_order=True) if parallel else [dry_run(host) for host in hosts]
+    hosts = nodes.hosts
+    runs = nodes.run_tool_on_each(dry_run_args, timeout_s=DETECT_TIMEOUT_S)
     failed = [(host, run) for host, run in zip(hosts, runs, strict=True) if not run.ok]
     for host, run in zip(hosts, runs, strict=True):
         if run.ok:
@@ -398,36 +413,24 @@ def head_wheel(prepared: Prepared, request: InstallRequest, output: Output, prog
     return built.wheel
 
 
-@dataclass(frozen=True)
-class NodeOps:
-    """How the install reaches a node: over ssh (`--hostfile`) or through srun (`--slurm`, install/slurm.py).
-    `cache(host)`: make the wheel's cache entry exist there ("shared" | "present" | "copied"); `install(group)`:
-    run the node's `mlstack-ds install --cached-wheel` on the group's leader; `rollback(host, python)`: undo
-    it, None when done, else why not."""
-
-    cache: Callable[[str], str]
-    install: Callable[[NodeGroup], ToolRun]
-    rollback: Callable[[str, Path], str | None]
-
-
-def install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResult], *, ops: NodeOps, python: Path,
-                   output: Output) -> None:
+def install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResult], *, nodes: NodeTransport,
+                   node_args: Sequence[str], place: Callable[[str], str], python: Path, output: Output) -> None:
     """Install group by group; on the first failure roll back what this run installed and raise."""
     installed: list[str] = []
     for group in groups:
         host = group.leader.host
         result = results[host]
         try:
-            result.cache = ops.cache(host)
-            run = ops.install(group)
+            result.cache = place(host)
+            run = nodes.run_tool(host, node_args, timeout_s=INSTALL_TIMEOUT_S)
         except MlstackError as exc:
             result.action, result.error = "failed", exc.message
-            _roll_back(installed, results, python, output, ops)
+            _roll_back(installed, results, python, output, nodes)
             raise with_nodes(exc, results) from None
         if not run.ok:
             result.action, result.error = "failed", run.error_message()
             output.status(f"{host}: install failed: {result.error}")
-            rolled, stuck = _roll_back(installed, results, python, output, ops)
+            rolled, stuck = _roll_back(installed, results, python, output, nodes)
             raise with_nodes(node_failure(host, run, rolled, stuck), results)
         document = run.document or {}
         result.action = str(document.get("action") or "installed")
@@ -444,12 +447,12 @@ def install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResult
 
 
 def _roll_back(installed: Sequence[str], results: Mapping[str, NodeResult], python: Path, output: Output,
-               ops: NodeOps) -> tuple[list[str], dict[str, str]]:
+               nodes: NodeTransport) -> tuple[list[str], dict[str, str]]:
     rolled: list[str] = []
     stuck: dict[str, str] = {}
     for host in reversed(installed):
         output.status(f"{host}: rolling back this run's install")
-        why = ops.rollback(host, python)
+        why = rollback_on(nodes, host, python)
         if why is None:
             rolled.append(host)
             results[host].action = "rolled-back"
@@ -463,6 +466,15 @@ def _roll_back(installed: Sequence[str], results: Mapping[str, NodeResult], pyth
         if result.action == "checked":
             result.action = "not-run"
     return rolled, stuck
+
+
+def rollback_on(nodes: NodeTransport, host: str, python: Path) -> str | None:
+    """Undo this run's install on `host`; None when done, else why not (the run's error reports it)."""
+    try:
+        result = nodes.run_tool(host, ["rollback", "--python", python], timeout_s=ROLLBACK_TIMEOUT_S)
+    except MlstackError as exc:
+        return exc.message
+    return None if result.ok else result.error_message()
 
 
 def with_nodes(error: MlstackError, results: Mapping[str, NodeResult]) -> MlstackError:

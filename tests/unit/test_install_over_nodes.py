@@ -1,0 +1,138 @@
+"""`install --hostfile` and `install --slurm` are one sequence written against the node seam
+(cluster/transport.py): here it runs over a transport that reaches its "nodes" in memory, so the sequence
+itself (ready lines, shared environments, the cache copied or refused, all-or-nothing) is checked with no
+ssh and no Slurm. The real transports are tests/multinode's."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from mlstack_ds.cluster.tool import ToolRun
+from mlstack_ds.cluster.transport import NodeTransport, ScriptAnswer
+from mlstack_ds.console import Output
+from mlstack_ds.errors import EnvironmentProblem, InstallError
+from mlstack_ds.install import nodes as install_nodes
+from mlstack_ds.install.pipeline import InstallRequest
+from mlstack_ds.runner import RunResult
+from mlstack_ds.verify.suite import VerifyOptions
+
+
+@dataclass
+class MemoryNodes:
+    """Nodes answered from this test: which of this host's files each sees, whose install fails."""
+
+    hosts: tuple[str, ...]
+    prefix: Path
+    seeing: Mapping[str, set[str]]  # host -> "cache" / "env": what of this host's it sees
+    failing: set[str] = field(default_factory=set)
+    copies_files: bool = True
+    option: str = "--hostfile"
+    reached_by: str = "memory"
+    no_answer: str = "not reachable in memory"
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def check_nodes(self, python: Path) -> None:
+        self.calls.append(("check", str(python)))
+
+    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
+        self.calls.append((host, *map(str, args)))
+        if args[0] == "install" and host in self.failing:
+            return ToolRun(3, {"error": {"message": "read-only venv", "hint": "", "exit_code": 3}}, "")
+        return ToolRun(0, {"action": "installed" if args[0] == "install" else "rolled-back",
+                           "receipt": {"cache_key": "k"}}, "")
+
+    def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
+                         done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
+        runs = []
+        for host in self.hosts:
+            run = ToolRun(0, {"platform": "cpu", "python": {"prefix": str(self.prefix)}, "gpus": []}, "")
+            if done is not None:
+                done(host, run)
+            runs.append(run)
+        return runs
+
+    def script_on_each(self, script: str, *, timeout_s: float,
+                       done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
+        raise AssertionError("install sends no script")
+
+    def run(self, host: str, argv: Sequence[str | Path], *, timeout_s: float = 60.0) -> RunResult:
+        self.calls.append((host, *map(str, argv)))
+        return RunResult(tuple(map(str, argv)), 0 if argv[0] != "sha256sum" else 1, "", "", 0.0)
+
+    def sees(self, paths: Sequence[Path]) -> Mapping[str, frozenset[str]]:
+        def kind(path: Path) -> str:
+            return "env" if path.parent == self.prefix else "cache"
+        return {host: frozenset(str(p) for p in paths if kind(p) in self.seeing.get(host, set()))
+                for host in self.hosts}
+
+    def copy_to(self, host: str, local: Path, remote_parent: Path) -> None:
+        self.calls.append((host, "copy", local.name))
+
+    def stop(self, run_id: str) -> None:
+        self.calls.append(("stop", run_id))
+
+
+@pytest.fixture
+def heads_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """The head's plan, cache and wheel, without detecting or building anything."""
+    cache = tmp_path / "cache"
+    wheel = cache / "wheels" / "k" / "deepspeed-0.19.5-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"wheel")
+    prefix = tmp_path / "venv"
+    prefix.mkdir()
+    plan = SimpleNamespace(plan="the plan")
+    monkeypatch.setattr(install_nodes, "plan_for_nodes", lambda request, facts: plan)
+    monkeypatch.setattr(install_nodes, "args_for_nodes",
+                        lambda plan, python, output, dry_run=False: (cache, None, ["install", "--cached-wheel", "k"]))
+    monkeypatch.setattr(install_nodes, "wheel_for_nodes", lambda plan, index, output, progress: wheel)
+    return SimpleNamespace(cache=cache, wheel=wheel, prefix=prefix)
+
+
+def run(nodes: NodeTransport) -> tuple[Any, str]:
+    err = io.StringIO()
+    output = Output(out=Console(file=io.StringIO()), err=Console(file=err, width=200), json_mode=False)
+    python = Path("/v/bin/python")
+    outcome = install_nodes.install_on_nodes(InstallRequest(python=python, verify=False), python, nodes, output,
+                                             verify=VerifyOptions(python=python))
+    return outcome, err.getvalue()
+
+
+def test_a_shared_environment_is_installed_once_and_an_unshared_cache_is_copied(heads_side: SimpleNamespace) -> None:
+    nodes = MemoryNodes(("a", "b", "c"), heads_side.prefix, {"a": {"cache", "env"}, "b": {"env"}, "c": set()})
+    outcome, said = run(nodes)
+    assert [(n.host, n.action, n.cache, n.shares_with) for n in outcome.nodes] == [
+        ("a", "installed", "shared", None), ("b", "shared", None, "a"), ("c", "installed", "copied", None)]
+    assert "a: ready (cpu)" in said and "b: shares the target environment with a" in said
+    assert ("c", "copy", "k") in nodes.calls and not any(call[:2] == ("a", "copy") for call in nodes.calls)
+    assert not list(heads_side.prefix.iterdir()) and [p.name for p in heads_side.wheel.parent.iterdir()] == [
+        heads_side.wheel.name]  # the probes are gone
+
+
+def test_a_transport_that_copies_nothing_needs_every_node_to_see_the_cache(heads_side: SimpleNamespace) -> None:
+    nodes = MemoryNodes(("a", "b"), heads_side.prefix, {"a": {"cache"}, "b": set()}, copies_files=False,
+                        option="--slurm")
+    with pytest.raises(EnvironmentProblem) as caught:
+        run(nodes)
+    assert caught.value.message == f"node(s) b do not see the wheel cache {heads_side.cache}"
+    assert caught.value.hint.startswith("install --slurm installs the wheel from the cache")
+    assert not any(call[1:2] == ("install",) for call in nodes.calls)  # nothing installed anywhere
+
+
+def test_the_first_failure_rolls_back_what_this_run_installed(heads_side: SimpleNamespace) -> None:
+    nodes = MemoryNodes(("a", "b"), heads_side.prefix, {"a": {"cache"}, "b": {"cache"}}, failing={"b"})
+    with pytest.raises(InstallError) as caught:
+        run(nodes)
+    assert caught.value.message == "node b: install failed: read-only venv; rolled back on a"
+    assert int(caught.value.exit_code) == 3
+    assert [(n["host"], n["action"]) for n in caught.value.details["nodes"]] == [("a", "rolled-back"),
+                                                                                 ("b", "failed")]
+    assert ("a", "rollback", "--python", "/v/bin/python") in nodes.calls
