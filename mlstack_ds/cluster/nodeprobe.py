@@ -22,10 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from mlstack_ds.cluster import remote
 from mlstack_ds.detect.marked import marked_object
 from mlstack_ds.detect.target_probe import TargetFacts, parse_target_output
-from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
 from mlstack_ds.installed.receipt import Receipt
 from mlstack_ds.target_side import mlstack_connect_check as connect_module
 from mlstack_ds.target_side import mlstack_platform_tags as tags_module
@@ -226,32 +224,6 @@ def parse_node_output(host: str, stdout: str, python: Path, *, interrupted: str 
         port_check=next((ln.strip() for ln in sections.get("port", []) if ln.strip()), None),
         bundle_seen={"seen": True, "unseen": False}.get(bundle[0].strip()) if bundle else None,
         platform_tags=tuple(bundle[1].split()) if len(bundle) > 1 else ())
-
-
-def probe_node(host: str, python: Path, tool: Path, *, env: Mapping[str, str] | None = None,
-               timeout: float = NODE_TIMEOUT_S, bundle: Path | None = None) -> NodeFacts:
-    """Ask `host` everything in one ssh call: `sh -s` with the script on stdin (the remote command stays
-    `sh -s`, which every login shell, csh too, passes on unchanged; a multi-line `sh -c` would not). The
-    call runs in the background, so that a torch import that hangs there still leaves everything printed
-    before it (the node's name, network, the probe's first line). An unreachable node is a fact too."""
-    try:
-        with remote.start_on(host, ["sh", "-s"], input_text=node_script(python, tool, bundle=bundle), timeout=timeout,
-                             env=env) as pending:
-            try:
-                result = pending.result()
-            except ToolTimedOut:
-                partial = pending.partial_stdout()
-                if SECTION not in partial:
-                    return NodeFacts(host, unreachable=f"no answer within {timeout:g} s")
-                return parse_node_output(host, partial, python, interrupted=f"no answer within {timeout:g} s")
-    except ToolMissing as exc:
-        raise EnvironmentProblem("ssh is not installed on this host",
-                                 hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc
-    gone = remote.unreachable(result, host)
-    if gone is not None:
-        return NodeFacts(host, unreachable=gone.reason)
-    interrupted = None if result.ok else f"the node's script exited with {result.returncode}: {result.tail(1)}"
-    return parse_node_output(host, result.stdout, python, interrupted=interrupted)
 
 
 def parse_getent(lines: list[str]) -> tuple[str, ...]:

@@ -127,63 +127,29 @@ def _checked(result: runner.RunResult, host: str, doing: str) -> None:
                              hint="the user running mlstack-ds must be able to write there on every node")
 
 
-def sees_same_file(host: str, path: Path, content: str, *, env: Mapping[str, str] | None = None) -> bool:
-    """Does `host` read `content` at `path`, which this host just wrote? Then the two share that file
-    system (an NFS home, a cluster file system), and whatever is written under it here is there too."""
-    result = run_on(host, ["cat", path], env=env)
-    gone = unreachable(result, host)
-    if gone is not None:
-        raise gone.error()
-    return result.ok and result.stdout == content
-
-
 @dataclass(frozen=True)
 class SharedFileProbe:
-    """The one shared-file-system probe: a file of random content that one machine writes (this host or a
-    node); a host that reads the same content at the same path shares that file system with the writer.
+    """The one shared-file-system probe: a file of random content that this host writes; a node that reads
+    the same content at the same path (or sees the file, `NodeTransport.sees`) shares that file system.
 
     Why not compare paths or mount tables: an NFS home, a cluster file system and a bind mount all look
     different there; reading back what was just written is the one answer that is always right."""
 
     path: Path
     content: str
-    writer: str | None = None  # the node that wrote it; None: this host
 
     @classmethod
     def here(cls, directory: Path, prefix: str) -> SharedFileProbe:
         """Write a probe into `directory` on this host (created if missing)."""
-        probe = cls._new(directory, prefix)
+        content = secrets.token_hex(16)
+        probe = cls(directory / f"{prefix}{content[:12]}", content)
         directory.mkdir(parents=True, exist_ok=True)
         probe.path.write_text(probe.content)
         return probe
-
-    @classmethod
-    def on(cls, host: str, directory: Path, prefix: str, *, env: Mapping[str, str] | None = None
-           ) -> SharedFileProbe | None:
-        """Write a probe into `directory` on `host`; None when it cannot write there."""
-        probe = cls._new(directory, prefix, host)
-        wrote = run_on(host, ["sh", "-c", 'cat > "$1"', "sh", probe.path], input_text=probe.content, env=env).ok
-        return probe if wrote else None
-
-    @classmethod
-    def _new(cls, directory: Path, prefix: str, writer: str | None = None) -> SharedFileProbe:
-        content = secrets.token_hex(16)
-        return cls(directory / f"{prefix}{content[:12]}", content, writer)
-
-    def seen_by(self, host: str, *, env: Mapping[str, str] | None = None) -> bool:
-        """Does `host` read this probe (one ssh round trip)? EnvironmentProblem when it is unreachable."""
-        return sees_same_file(host, self.path, self.content, env=env)
 
     def matches(self, read: str) -> bool:
         """Is `read` (the file as a node printed it, in a round trip of the caller's) this probe's content?"""
         return read == self.content
 
-    def remove(self, *, env: Mapping[str, str] | None = None) -> None:
-        """Best effort: a node that went away keeps its probe file."""
-        if self.writer is None:
-            self.path.unlink(missing_ok=True)
-            return
-        try:
-            run_on(self.writer, ["rm", "-f", "--", self.path], env=env)
-        except EnvironmentProblem:
-            return
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)

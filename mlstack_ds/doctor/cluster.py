@@ -1,5 +1,7 @@
 """`doctor --hostfile`: every node of a hostfile asked over ssh (in parallel, one round trip each), then
-the cross-node rules. An unreachable node is a finding, not a failure: the other nodes are still checked."""
+the cross-node rules. An unreachable node is a finding, not a failure: the other nodes are still checked.
+`doctor --slurm` asks the allocation's nodes the same, through one srun step (cluster/transport.py: the
+nodes are asked once, whichever way they are reached), and adds what only a Slurm task shows."""
 
 from __future__ import annotations
 
@@ -13,23 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds import runner
-from mlstack_ds.cluster import srun_steps as srun
-from mlstack_ds.cluster.fanout import on_each
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.nodeprobe import (
     IFNAME_VARIABLES,
     NODE_TIMEOUT_S,
+    SECTION,
     NodeFacts,
     node_script,
     parse_node_output,
-    probe_node,
 )
 from mlstack_ds.cluster.slurm import Allocation
+from mlstack_ds.cluster.srun_nodes import SrunNodes
+from mlstack_ds.cluster.srun_steps import find_srun
+from mlstack_ds.cluster.ssh_nodes import SshNodes
+from mlstack_ds.cluster.transport import NodeTransport, ScriptAnswer
 from mlstack_ds.doctor.bundle import BundleCoverage, BundleQuestion, covered_note, nodes_coverage
 from mlstack_ds.doctor.cluster_input import ClusterInput
 from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
-from mlstack_ds.errors import ToolTimedOut
 from mlstack_ds.launch import launcher
 
 
@@ -64,10 +67,10 @@ def run_cluster_rules(inp: ClusterInput, rules: Iterable[Rule] = RULES) -> list[
     return sort_findings(findings)
 
 
-def node_status(node: NodeFacts, python: Path) -> str:
-    """The one progress line of a node."""
+def node_status(node: NodeFacts, python: Path, no_answer: str = "not reachable over ssh") -> str:
+    """The one progress line of a node (`no_answer`: the transport's words for a node that ran nothing)."""
     if node.unreachable is not None:
-        return f"{node.host}: not reachable over ssh: {node.unreachable}"
+        return f"{node.host}: {no_answer}: {node.unreachable}"
     if node.python_present is False:
         return f"{node.host}: reachable; no {python} there"
     target = node.target
@@ -84,62 +87,60 @@ def node_status(node: NodeFacts, python: Path) -> str:
     return f"{node.host}: reachable; " + ", ".join(parts)
 
 
+def ask_nodes(nodes: NodeTransport, python: Path, tool: Path, *, bundle: BundleQuestion | None,
+              status: Callable[[str], None], rendezvous: tuple[str, int] | None = None) -> list[NodeFacts]:
+    """Every node's facts from one script run there (a status line as each answers; the facts in host order)."""
+    def facts(answer: ScriptAnswer) -> NodeFacts:
+        if answer.unreachable is not None:
+            return NodeFacts(answer.host, unreachable=answer.unreachable)
+        if answer.timed_out and SECTION not in answer.stdout:  # the script printed nothing of its own
+            return NodeFacts(answer.host, unreachable=answer.interrupted)
+        return parse_node_output(answer.host, answer.stdout, python, interrupted=answer.interrupted)
+
+    answers = nodes.script_on_each(node_script(python, tool, rendezvous, bundle.directory if bundle else None),
+                                   timeout_s=NODE_TIMEOUT_S,
+                                   done=lambda answer: status(node_status(facts(answer), python, nodes.no_answer)))
+    return [facts(answer) for answer in answers]
+
+
 def diagnose_cluster(hostfile: Path, hosts: list[HostEntry], python: Path, *, tool: Path | None = None,
                      env: Mapping[str, str] | None = None, bundle: BundleQuestion | None = None,
                      status: Callable[[str], None] = lambda _m: None) -> ClusterDiagnosis:
-    """Probe every host with slots (a status line each as it answers; the facts in hostfile order), then
-    the rules."""
+    """Probe every host with slots over ssh, then the rules."""
     environ = dict(os.environ if env is None else env)
     tool = tool or Path(sys.executable)
-    names = [h.host for h in hosts if h.slots > 0]
-
-    def probe(host: str) -> NodeFacts:
-        return probe_node(host, python, tool, env=env, bundle=bundle.directory if bundle else None)
-
-    # a status line as each node answers, slow ones last; the facts in hostfile order
-    nodes = on_each(names, probe, done=lambda _host, node: status(node_status(node, python)),
-                    kill_on_interrupt=True)
+    nodes = ask_nodes(SshNodes(tuple(h for h in hosts if h.slots > 0), env=env), python, tool, bundle=bundle,
+                      status=status)
     pdsh = runner.which("pdsh", path=environ.get("PATH"))
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=str(pdsh) if pdsh else None,
-                       head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)},
-                       bundle=bundle_on_nodes(nodes, bundle, status))
+                       head_env=interface_variables(environ), bundle=bundle_on_nodes(nodes, bundle, status))
     return ClusterDiagnosis(hostfile, inp, run_cluster_rules(inp))
 
 
 def diagnose_slurm(allocation: Allocation, python: Path, *, tool: Path | None = None,
                    env: Mapping[str, str] | None = None, bundle: BundleQuestion | None = None,
                    status: Callable[[str], None] = lambda _m: None) -> ClusterDiagnosis:
-    """`doctor --slurm`: every allocated node asked at once by one srun step (one task per node, the same
-    script `--hostfile` sends over ssh, plus the task's device/thread variables, the rendezvous host's
-    resolution and a TCP connect to a port this host listens on), then the cluster and Slurm rules."""
+    """`doctor --slurm`: the nodes asked as with `--hostfile`, as srun tasks, plus what only a task shows: its
+    device/thread variables, the rendezvous host's resolution and a TCP connect to a port this host listens
+    on; then the cluster and Slurm rules."""
     environ = dict(os.environ if env is None else env)
     tool = tool or Path(sys.executable)
-    srun.find_srun(environ)  # no srun: the usage error comes before a port is taken
+    find_srun(environ)  # no srun: the usage error comes before a port is taken
     port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT", "").isdigit() else launcher.free_port("0.0.0.0")
     rendezvous = (socket.gethostname() if socket.gethostname() not in allocation.nodes else allocation.nodes[0], port)
     with _listening(port) as port_problem:
-        try:
-            answers, result = srun.on_each_node(
-                allocation, list(allocation.nodes), ["sh", "-s"],
-                input_text=node_script(python, tool, rendezvous, bundle.directory if bundle else None),
-                timeout_s=NODE_TIMEOUT_S * 2, env=environ, name=f"{launcher.new_run_id()}-doctor")
-            code: int | None = result.returncode
-        except ToolTimedOut:
-            answers, code = {}, None
-    nodes = []
-    for host in allocation.nodes:
-        if host not in answers:
-            node = NodeFacts(host, unreachable="its srun task did not answer" + (
-                f" (srun exit {code})" if code is not None else f" within {NODE_TIMEOUT_S * 2:g} s"))
-        else:
-            node = parse_node_output(host, answers[host], python)
-        status(node_status(node, python).replace("not reachable over ssh", "no answer from srun"))
-        nodes.append(node)
+        nodes = ask_nodes(SrunNodes(allocation, environ), python, tool, bundle=bundle, status=status,
+                          rendezvous=rendezvous)
     inp = ClusterInput(nodes=tuple(nodes), python=python, tool=tool, head_pdsh=None,
-                       head_env={v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)}, launcher="srun",
-                       rendezvous=rendezvous, port_problem=port_problem, job_id=allocation.job_id,
+                       head_env=interface_variables(environ), launcher="srun", rendezvous=rendezvous,
+                       port_problem=port_problem, job_id=allocation.job_id,
                        bundle=bundle_on_nodes(nodes, bundle, status))
     return ClusterDiagnosis(None, inp, run_cluster_rules(inp))
+
+
+def interface_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The head's gloo/NCCL interface choice, which the ranks inherit."""
+    return {v: environ[v] for v in IFNAME_VARIABLES if environ.get(v)}
 
 
 def bundle_on_nodes(nodes: list[NodeFacts], bundle: BundleQuestion | None, status: Callable[[str], None]

@@ -122,27 +122,21 @@ def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return real
 
 
-def test_a_probe_written_here_is_seen_by_a_node_that_shares_the_file_system(fake_ssh: Path) -> None:
+def test_the_ssh_transport_says_which_nodes_see_a_probe_written_here(fake_ssh: Path) -> None:
+    """`SshNodes.sees`: one round trip per node, all at once; a node that shares the file system sees the probe,
+    one that does not sees nothing, an unreachable one is named."""
+    from mlstack_ds.cluster.hostfile import HostEntry
+    from mlstack_ds.cluster.ssh_nodes import SshNodes
+
     probe = remote.SharedFileProbe.here(fake_ssh, "probe-")
     assert probe.path.read_text() == probe.content and probe.path.parent == fake_ssh
-    assert probe.seen_by("near")
-    assert not probe.seen_by("apart")
+    nodes = SshNodes((HostEntry("near", 1), HostEntry("apart", 1)))
+    assert nodes.sees([probe.path]) == {"near": frozenset({str(probe.path)}), "apart": frozenset()}
     with pytest.raises(EnvironmentProblem, match="node down is not reachable over ssh: connect to host down"):
-        probe.seen_by("down")
+        SshNodes((HostEntry("near", 1), HostEntry("down", 1))).sees([probe.path])
     assert probe.matches(probe.content) and not probe.matches("")
     probe.remove()
     assert not probe.path.exists()
-
-
-def test_a_probe_written_on_a_node(fake_ssh: Path) -> None:
-    fake_ssh.mkdir()
-    probe = remote.SharedFileProbe.on("near", fake_ssh, ".node-probe-")
-    assert probe is not None and probe.writer == "near" and probe.path.read_text() == probe.content
-    assert probe.seen_by("near") and not probe.seen_by("apart")
-    probe.remove()
-    assert not probe.path.exists()
-    assert remote.SharedFileProbe.on("near", fake_ssh / "missing", ".node-probe-") is None
-    assert remote.SharedFileProbe.on("down", fake_ssh, ".node-probe-") is None
 
 
 def test_launch_preparation_asks_every_node_at_once_and_names_each_that_cannot_take_part(fake_ssh: Path) -> None:

@@ -8,12 +8,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging import tags
 from support.target_env import bare_venv
 
 from mlstack_ds.cluster.nodeprobe import (
+    NODE_TIMEOUT_S,
     InterfaceAddress,
     NodeFacts,
     ReceiptSummary,
@@ -22,10 +24,11 @@ from mlstack_ds.cluster.nodeprobe import (
     parse_ip_addr,
     parse_node_output,
 )
+from mlstack_ds.cluster.transport import ScriptAnswer
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
 from mlstack_ds.detect.target_probe import PROBE_CEILING_S, TargetFacts
 from mlstack_ds.doctor.bundle import SHARED_HINT, BundleCoverage
-from mlstack_ds.doctor.cluster import run_cluster_rules
+from mlstack_ds.doctor.cluster import ask_nodes, run_cluster_rules
 from mlstack_ds.doctor.cluster_input import ClusterInput, common_interface
 from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.rules import RULES, rule_by_id
@@ -320,3 +323,27 @@ def test_a_probe_cut_off_by_the_time_out_keeps_what_came_before(tmp_path: Path) 
     assert facts.target.torch_error == "torch probe: no answer within 150 s"
     finding = findings(cluster(node("n1", 1), facts))["MLS-MN-004"]
     assert finding.evidence == "n2: torch probe: no answer within 150 s"
+
+
+def test_the_nodes_are_asked_once_whichever_transport_reaches_them() -> None:
+    """`ask_nodes` over any transport: a node that ran nothing, or was cut off before its script printed a
+    section, is unreachable in the transport's words; one cut off later keeps what it printed."""
+    python = Path(sys.executable)
+    full = run_script(python, python).stdout
+    late = "no answer within 150 s"
+    answers = [ScriptAnswer("n1", full), ScriptAnswer("n2", "", unreachable="its srun task did not answer"),
+               ScriptAnswer("n3", "", interrupted=late, timed_out=True),
+               ScriptAnswer("n4", full[:full.index("MLSTACK_TARGET_TORCH:")], interrupted=late, timed_out=True)]
+
+    def script_on_each(script: str, *, timeout_s: float, done: Callable[[ScriptAnswer], None]) -> list[ScriptAnswer]:
+        assert script == node_script(python, python) and timeout_s == NODE_TIMEOUT_S
+        for answer in answers:
+            done(answer)
+        return answers
+
+    lines: list[str] = []
+    transport = SimpleNamespace(no_answer="no answer from srun", script_on_each=script_on_each)
+    facts = ask_nodes(transport, python, python, bundle=None, status=lines.append)  # type: ignore[arg-type]
+    assert [f.unreachable for f in facts] == [None, "its srun task did not answer", late, None]
+    assert lines[1:3] == ["n2: no answer from srun: its srun task did not answer", f"n3: no answer from srun: {late}"]
+    assert facts[3].target is not None and facts[3].target.torch_error == f"torch probe: {late}"
