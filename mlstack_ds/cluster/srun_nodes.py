@@ -41,7 +41,7 @@ class SrunNodes:
     def hosts(self) -> tuple[str, ...]:
         return self.allocation.nodes
 
-    def check_nodes(self, python: Path) -> None:
+    def check_ready(self, python: Path) -> None:
         """srun here; a node without the tool or `python` says so in `run_tool_on_each`'s one step (a step of
         its own for the check would cost every node's task start again)."""
         find_srun(self.env)

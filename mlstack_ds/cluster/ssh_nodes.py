@@ -43,7 +43,7 @@ class SshNodes:
     def hosts(self) -> tuple[str, ...]:
         return tuple(entry.host for entry in self.entries)
 
-    def check_nodes(self, python: Path) -> None:
+    def check_ready(self, python: Path) -> None:
         on_each(list(self.hosts), lambda host: self._check_node(host, python), in_order=True)
 
     def _check_node(self, host: str, python: Path) -> None:

@@ -64,7 +64,7 @@ class NodeTransport(Protocol):
         """Whether `copy_to` can put a file on a node that does not see this host's (srun cannot)."""
         ...
 
-    def check_nodes(self, python: Path) -> None:
+    def check_ready(self, python: Path) -> None:
         """Before anything is asked of the nodes: each is reachable, with `python` and this tool at this host's
         paths, where the transport can tell before running the tool (one that cannot lets `run_tool_on_each`
         show it); EnvironmentProblem naming the first node that cannot take part."""

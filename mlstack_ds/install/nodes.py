@@ -211,7 +211,7 @@ def install_on_nodes(request: InstallRequest, python: Path, nodes: NodeTransport
     """Check every node, build here, install on each node (or once per shared environment), roll back on the
     first failure, verify across the nodes (`verify`)."""
     results = {host: NodeResult(host) for host in nodes.hosts}
-    nodes.check_nodes(python)
+    nodes.check_ready(python)
     facts = detect_nodes(nodes, python, results, output)
     plan = plan_for_nodes(request, facts)
     cache_root, index, node_args = args_for_nodes(plan, python, output, dry_run=dry_run)

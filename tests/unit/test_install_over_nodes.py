@@ -39,8 +39,8 @@ class MemoryNodes:
     no_answer: str = "not reachable in memory"
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
-    def check_nodes(self, python: Path) -> None:
-        self.calls.append(("check", str(python)))
+    def check_ready(self, python: Path) -> None:
+        self.calls.append(("check_ready", str(python)))
 
     def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
         self.calls.append((host, *map(str, args)))
