@@ -274,6 +274,8 @@ def group_nodes(nodes: NodeTransport, facts: Sequence[NodeFacts], wheel: Path | 
     written: list[SharedFileProbe] = []
     try:
         for directory in ([wheel.parent] if wheel is not None else []) + [prefix]:
+            if not directory.is_absolute() or not directory.is_dir():
+                continue  # not here (a node-local environment this host lacks): never created just to probe
             try:
                 written.append(SharedFileProbe.here(directory, PROBE_NAME))
             except OSError:

@@ -117,6 +117,16 @@ def test_a_shared_environment_is_installed_once_and_an_unshared_cache_is_copied(
         heads_side.wheel.name]  # the probes are gone
 
 
+def test_an_environment_this_host_lacks_is_not_created_to_probe_it(heads_side: SimpleNamespace) -> None:
+    """The first node's prefix missing here: every node installs on its own, and nothing appears here."""
+    heads_side.prefix.rmdir()
+    nodes = MemoryNodes(("a", "b"), heads_side.prefix, {"a": {"cache", "env"}, "b": {"cache", "env"}})
+    outcome, _said = run(nodes)
+    assert [(n.host, n.action, n.shares_with) for n in outcome.nodes] == [("a", "installed", None),
+                                                                          ("b", "installed", None)]
+    assert not heads_side.prefix.exists()
+
+
 def test_a_transport_that_copies_nothing_needs_every_node_to_see_the_cache(heads_side: SimpleNamespace) -> None:
     nodes = MemoryNodes(("a", "b"), heads_side.prefix, {"a": {"cache"}, "b": set()}, copies_files=False,
                         option="--slurm")
