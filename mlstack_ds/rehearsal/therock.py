@@ -12,6 +12,7 @@ reports a ROCm build (no CPU torch is imported).
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -22,116 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mlstack_ds.rehearsal.standin import STANDIN_DIR, VALUES_FILE
 from mlstack_ds.target_side import mlstack_purelib as purelib_module
 from mlstack_ds.target_side import script
 
 DevelState = Literal["expanded", "tarball", "absent"]
 STUB_SETUPTOOLS = "84.2.1"  # the setuptools torch 2.13.0 brings: plans see an interpreter that builds wheels
-
-ROCM_SDK_INIT = '''"""Stand-in of TheRock's rocm_sdk (mlstack-ds rehearsal): version, start-up version check."""
-import re
-import warnings
-
-__version__ = @version@
-
-
-def initialize_process(*, check_version=None, fail_on_version_mismatch=False, **_kwargs):
-    if check_version and not re.match("^" + re.escape(check_version).replace("\\\\*", ".*") + "$", __version__):
-        message = ("The program was compiled against a ROCm version matching '%s' but the installed ROCm version "
-                   "in this Python environment is %s." % (check_version, __version__))
-        if fail_on_version_mismatch:
-            raise RuntimeError(message)
-        warnings.warn(message)
-'''
-
-# `rocm-sdk path --root` expands the devel tarball first, as the real command does.
-ROCM_SDK_MAIN = '''"""Stand-in of the `rocm-sdk` command: path, version, init, targets."""
-import os
-import sys
-import tarfile
-
-import rocm_sdk
-
-SITE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEVEL = os.path.join(SITE, "_rocm_sdk_devel")
-
-
-def devel_root():
-    try:
-        import rocm_sdk_devel
-    except ModuleNotFoundError:
-        print("ERROR: Could not load the `rocm[devel]` package, which is required to access runtime tools and "
-              "development files. Please install it with your package manager (pip, uv, etc)", file=sys.stderr)
-        sys.exit(1)
-    tarball = os.path.join(os.path.dirname(rocm_sdk_devel.__file__), "_devel.tar")
-    if os.path.exists(tarball):
-        with tarfile.open(tarball) as archive:
-            archive.extractall(SITE)
-        os.unlink(tarball)
-    return DEVEL
-
-
-def main(argv=None):
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["version"]:
-        print(rocm_sdk.__version__)
-    elif args[:1] == ["path"] and args[1:2] in (["--root"], ["--bin"], ["--cmake"]):
-        root = devel_root()
-        paths = {"--root": root, "--bin": os.path.join(root, "bin"), "--cmake": os.path.join(root, "lib", "cmake")}
-        print(paths[args[1]])
-    elif args[:1] == ["init"]:
-        root = devel_root()
-        if "--quiet" not in args:
-            print("Devel links initialized in '%s'" % root)
-    elif args[:1] == ["targets"]:
-        print(@targets@)
-    else:
-        print("usage: rocm-sdk {path,version,init,targets} ...", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-TORCH_INIT = '''"""Stub torch reporting a ROCm build linked against TheRock's wheels (mlstack-ds rehearsal)."""
-__version__ = @version@
-
-
-class version:
-    hip = @hip@
-    cuda = None
-    git_version = "stand-in"
-
-
-from torch import _rocm_init  # noqa: E402  (TheRock's torch wheels generate this module)
-
-
-class _C:
-    @staticmethod
-    def _cuda_getArchFlags():
-        return @arch_flags@
-
-
-class cuda:
-    @staticmethod
-    def get_arch_list():
-        return @arch_flags@.split()
-
-    @staticmethod
-    def device_count():
-        return 0
-
-    @staticmethod
-    def is_available():
-        return False
-'''
-
-TORCH_ROCM_INIT = '''import rocm_sdk
-
-rocm_sdk.initialize_process(check_version=@rocm_version@)
-'''
-
 
 @dataclass(frozen=True)
 class TheRockVenv:
@@ -156,8 +53,8 @@ def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_
     site = Path(subprocess.run([str(python), script(purelib_module)],
                                check=True, capture_output=True, text=True).stdout.strip())
     version_info = f"{rocm_version}\n"
-    _write(site / "rocm_sdk" / "__init__.py", _fill(ROCM_SDK_INIT, version=rocm_version))
-    _write(site / "rocm_sdk" / "__main__.py", _fill(ROCM_SDK_MAIN, targets=";".join(devices)))
+    _standin(site / "rocm_sdk", {"__init__.py": "rocm_sdk_init.py", "__main__.py": "rocm_sdk_main.py"},
+             {"version": rocm_version, "targets": ";".join(devices)})
     _dist(site, "rocm", rocm_version)
     core = site / "_rocm_sdk_core"
     _write(core / "__init__.py", "")
@@ -185,8 +82,9 @@ def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_
         _write(site / "_mlstack_rehearsal_torch.pth", f"{real_torch_site}\n")
     else:
         torch = site / "torch"
-        _write(torch / "__init__.py", _fill(TORCH_INIT, version=torch_version, hip=hip_version, arch_flags=arch_flags))
-        _write(torch / "_rocm_init.py", _fill(TORCH_ROCM_INIT, rocm_version=torch_version.split("+rocm", 1)[-1]))
+        _standin(torch, {"__init__.py": "torch_init.py", "_rocm_init.py": "torch_rocm_init.py"},
+                 {"version": torch_version, "hip": hip_version, "arch_flags": arch_flags,
+                  "rocm_version": torch_version.split("+rocm", 1)[-1]})
         _dist(site, "torch", torch_version)
         _dist(site, "setuptools", STUB_SETUPTOOLS)  # torch's wheels require setuptools; stands in like torch
     bin_dir = root / "bin"
@@ -232,9 +130,9 @@ def _write(path: Path, text: str, *, executable: bool = False) -> None:
         path.chmod(0o755)
 
 
-def _fill(template: str, **values: str) -> str:
-    """`@name@` in a template replaced by the value's Python literal (templates are Python source)."""
-    for name, value in values.items():
-        template = template.replace(f"@{name}@", repr(value))
-    return template
-
+def _standin(package: Path, files: dict[str, str], values: dict[str, str]) -> None:
+    """`package` made of rehearsal/standin's modules (`files`: name in the package -> stand-in module) and the
+    values they read, in `_standin.json` beside them."""
+    for name, module in files.items():
+        _write(package / name, (STANDIN_DIR / module).read_text(encoding="utf-8"))
+    _write(package / VALUES_FILE, json.dumps(values, indent=1) + "\n")
