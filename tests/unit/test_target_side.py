@@ -282,13 +282,18 @@ def test_mlstack_ds_is_not_importable_there(tmp_path: Path) -> None:
     assert done.returncode != 0 and "No module named 'mlstack_ds'" in done.stderr
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_each_module_runs_by_path_without_mlstack_ds(name: str, tmp_path: Path, listening: int) -> None:
+def prepared(name: str, tmp_path: Path, listening: int) -> tuple[Run, types.ModuleType, list[str]]:
+    """RUNS[name] with its files written under `tmp_path`, its module, and its argv filled in."""
     run = RUNS[name]
     for relative, text in run.files:
         write(tmp_path / relative, text)
-    module = sys.modules[f"mlstack_ds.target_side.{name}"]
-    argv = [a.format(port=listening, out=tmp_path / "out") for a in run.argv]
+    return run, sys.modules[f"mlstack_ds.target_side.{name}"], [a.format(port=listening, out=tmp_path / "out")
+                                                               for a in run.argv]
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_each_module_runs_by_path_without_mlstack_ds(name: str, tmp_path: Path, listening: int) -> None:
+    run, module, argv = prepared(name, tmp_path, listening)
     done = fresh([str(script(module)), *argv], tmp_path, run.stdin)
     assert done.returncode == 0, done.stderr
     run.check(done.stdout, tmp_path)
@@ -298,11 +303,7 @@ def test_each_module_runs_by_path_without_mlstack_ds(name: str, tmp_path: Path, 
                                   "mlstack_connect_check"])
 def test_the_modules_sent_as_text_run_from_stdin(name: str, tmp_path: Path, listening: int) -> None:
     """How a node runs them: `python - ARGS` with the module's text on stdin (no file of mlstack_ds there)."""
-    run = RUNS[name]
-    for relative, text in run.files:
-        write(tmp_path / relative, text)
-    module = sys.modules[f"mlstack_ds.target_side.{name}"]
-    argv = [a.format(port=listening, out=tmp_path / "out") for a in run.argv]
+    run, module, argv = prepared(name, tmp_path, listening)
     done = fresh(["-", *argv], tmp_path, source(module))
     assert done.returncode == 0, done.stderr
     run.check(done.stdout, tmp_path)
