@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mlstack_ds.rehearsal.standin import STANDIN_DIR, VALUES_FILE
+from mlstack_ds.rehearsal.therock_files import STANDIN_DIR, VALUES_FILE
 from mlstack_ds.target_side import mlstack_purelib as purelib_module
 from mlstack_ds.target_side import script
 
@@ -131,7 +131,7 @@ def _write(path: Path, text: str, *, executable: bool = False) -> None:
 
 
 def _standin(package: Path, files: dict[str, str], values: dict[str, str]) -> None:
-    """`package` made of rehearsal/standin's modules (`files`: name in the package -> stand-in module) and the
+    """`package` made of rehearsal/therock_files' modules (`files`: name in the package -> stand-in module) and the
     values they read, in `_standin.json` beside them."""
     for name, module in files.items():
         _write(package / name, (STANDIN_DIR / module).read_text(encoding="utf-8"))
