@@ -43,11 +43,12 @@ fi
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/test/ccache}
 # Two workers (pytest-xdist): much of the suite waits (on sleeps, time-outs, Slurm, ssh, pip) rather than
 # computes, so a second worker fills the cores. tests/conftest.py groups what must share one process
-# (the cold installs' tests and the multi-node harness: SERIAL_GROUP). MLSTACK_TEST_WORKERS=0: one process.
+# (the multi-node harness, the second pin, the tests that change the installed target: SERIAL_GROUP) and
+# orders the groups itself (the serial group first, the target's readers last). MLSTACK_TEST_WORKERS=0: one process.
 WORKERS=${MLSTACK_TEST_WORKERS:-2}
 XDIST=()
 if [[ $WORKERS != 0 ]]; then
-  XDIST=(-n "$WORKERS" --dist loadgroup)
+  XDIST=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
 fi
 set +e
 "$VENV/bin/python" -m pytest "${XDIST[@]}" "$@"

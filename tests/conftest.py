@@ -13,18 +13,28 @@ tests that only need *a* DeepSpeed (launch mechanics) use it, so they run while 
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.cold_install import INSTALLED_NEXT_TARGET_FIXTURE, INSTALLED_TARGET_FIXTURE, AirGap, BackgroundInstall
+from support import isolated_home
+from support.cold_install import (
+    INSTALLED_NEXT_TARGET_FIXTURE,
+    INSTALLED_TARGET_FIXTURE,
+    AirGap,
+    BackgroundInstall,
+    InstallHandoff,
+    PublishedInstall,
+)
 from support.e2e import Target
 from support.pins import TORCH_PIN
 from support.target_env import (
@@ -75,22 +85,31 @@ def slow_fixtures(item: pytest.Item) -> set[str]:
 
 
 # Under pytest-xdist (scripts/test.sh runs two workers), the tests that must run one at a time in one process
-# form one group: those on the cold-installed targets (the installs run in the process that needs them, and
-# some of these tests install into or roll back what others read) and the multi-node tests (one pair of
-# network-namespace hosts and one Slurm cluster serve them all). Every other test is grouped with its file, or
-# with the costly session fixture it shares (SHARED_FIXTURE_GROUPS), so such fixtures are made once.
+# form one group: the multi-node tests (one pair of network-namespace hosts and one Slurm cluster serve them
+# all), the second pin's (its install runs in the process that needs it) and the tests that change the default
+# pin's installed target (install into it, roll it back, break it). The tests that only read that target
+# (marked `reads_target`) run on either worker, once the first process to need the target has installed it
+# (support/cold_install.py: InstallHandoff), and a lock on the target (`target_access`) keeps them apart from
+# the changes. Every other test is grouped with its file, or with the costly session fixture it shares
+# (SHARED_FIXTURE_GROUPS), so such fixtures are made once.
 SERIAL_GROUP = "targets-and-nodes"
 SHARED_FIXTURE_GROUPS = ("made_bundle",)  # tests/integration/conftest.py: a real bundle, a minute to make
 MULTINODE_DIR = Path(__file__).parent / "multinode"
+READS_TARGET = "reads_target"
 
 
 def runs_with_xdist(config: pytest.Config) -> bool:
     return getattr(config.option, "dist", "no") != "no" or hasattr(config, "workerinput")
 
 
+def reads_target_only(item: pytest.Item) -> bool:
+    return item.get_closest_marker(READS_TARGET) is not None and MULTINODE_DIR not in Path(str(item.path)).parents
+
+
 def needs_serial_group(item: pytest.Item) -> bool:
-    return (needs_fixture(item, INSTALLED_TARGET_FIXTURE) or needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE)
-            or MULTINODE_DIR in Path(str(item.path)).parents)
+    if MULTINODE_DIR in Path(str(item.path)).parents or needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE):
+        return True
+    return needs_fixture(item, INSTALLED_TARGET_FIXTURE) and not reads_target_only(item)
 
 
 def xdist_group(item: pytest.Item) -> str:
@@ -100,13 +119,30 @@ def xdist_group(item: pytest.Item) -> str:
     return shared[0] if shared else item.nodeid.split("::", 1)[0]
 
 
+def order_for_workers(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The order xdist hands groups out in (scripts/test.sh passes `--no-loadscope-reorder`): the serial group
+    first, as it is the longest and starts the installs; then the other groups, largest first (xdist's own
+    order); then the groups that read the installed target, which wait for the install."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(xdist_group(item), []).append(item)
+
+    def rank(name: str) -> tuple[int, int]:
+        members = groups[name]
+        waits = any(needs_fixture(item, INSTALLED_TARGET_FIXTURE) for item in members)
+        return (0 if name == SERIAL_GROUP else 2 if waits else 1, -len(members))
+
+    return [item for name in sorted(groups, key=rank) for item in groups[name]]
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that need a DeepSpeed build are marked `slow` (SLOW_FIXTURES). Tests on the cold-installed
     targets run last, so the installs (started at the first test) overlap everything else: the default
     pin's, then the second pin's, whose install overlaps the default pin's tests. Relative order is kept
-    within each group. Under xdist each test also gets its group (xdist_group): the serial group, the largest,
-    is handed out first, and within it the same order holds, so its installs overlap its multi-node tests."""
+    within each group. Under xdist each test also gets its group (xdist_group), in the order of
+    `order_for_workers`; within the serial group the same order holds, so its installs overlap its
+    multi-node tests."""
     for item in items:
         if slow_fixtures(item):
             item.add_marker(pytest.mark.slow)
@@ -116,6 +152,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     others = [item for item in items if item not in next_pin and item not in default_pin]
     items[:] = others + default_pin + next_pin
     if runs_with_xdist(config):
+        items[:] = order_for_workers(items)
         for item in items:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
@@ -123,9 +160,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def start_cold_installs(request: pytest.FixtureRequest) -> None:
     """Start the session's cold installs at the first test of the process that runs their tests: the session's
-    first test, or under xdist the serial group's first (the other worker never needs them)."""
+    first test, or under xdist the serial group's first (or, when no test of that group runs, the first that
+    reads the installed target; support/cold_install.py InstallHandoff lets one process install)."""
     if not runs_with_xdist(request.config) or needs_serial_group(request.node):
         request.getfixturevalue("cold_install_next")  # which starts cold_install first
+    elif needs_fixture(request.node, INSTALLED_TARGET_FIXTURE):
+        request.getfixturevalue("cold_install")
+
+
+@pytest.fixture(autouse=True)
+def target_access(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under xdist, the default pin's installed target is read by the tests marked `reads_target` on both
+    workers while the serial group's tests change it: the readers hold a shared lock on it for the test,
+    the others an exclusive one."""
+    if not (runs_with_xdist(request.config) and needs_fixture(request.node, INSTALLED_TARGET_FIXTURE)):
+        yield
+        return
+    mode = fcntl.LOCK_SH if reads_target_only(request.node) else fcntl.LOCK_EX
+    lock = run_directory(request.config, request.getfixturevalue("tmp_path_factory")) / "installed-target.lock"
+    with open(lock, "w", encoding="utf-8") as handle:
+        fcntl.flock(handle, mode)
+        yield
+
+
+def run_directory(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory common to this run's processes and to no other run: xdist's workers each get a base temp
+    directory inside the controller's (`<it>/popen-gwN`); one process has its own."""
+    basetemp = tmp_path_factory.getbasetemp()
+    return basetemp.parent if hasattr(config, "workerinput") else basetemp
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(OWN_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+INTERRUPTED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the session's fixtures are torn down after Ctrl-C
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Ctrl-C: a cold install still running is stopped, not waited for (BackgroundInstall.finish)."""
+    session.config.stash[INTERRUPTED] = exitstatus == pytest.ExitCode.INTERRUPTED
+
+
+def others_may_wait(config: pytest.Config) -> bool:
+    """Whether another process of this run may still wait for a cold install this one runs."""
+    return runs_with_xdist(config) and not config.stash.get(INTERRUPTED, False)
 
 
 FAILURES_LOG_ENV = "MLSTACK_TEST_FAILURES_LOG"
@@ -144,9 +226,19 @@ class FailuresLog:
                 out.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")
 
 
+OWN_HOME = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """The failures log is written by the process that sees every report: pytest's own, or xdist's controller
-    (its workers pass their reports to it)."""
+    """The run's first process gives it a HOME of its own (support/isolated_home.py; xdist's workers inherit
+    it). The failures log is written by the process that sees every report: pytest's own, or xdist's
+    controller (its workers pass their reports to it)."""
+    if isolated_home.MARKER not in os.environ:
+        home = Path(tempfile.mkdtemp(prefix="mlstack-test-home-"))
+        config.stash[OWN_HOME] = home
+        isolated = isolated_home.isolated_environment(os.environ, home)
+        os.environ.clear()
+        os.environ.update(isolated)
     log = os.environ.get(FAILURES_LOG_ENV)
     if log and not hasattr(config, "workerinput"):
         config.pluginmanager.register(FailuresLog(log), "mlstack-failures-log")
@@ -165,20 +257,25 @@ def e2e_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cold_install(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, e2e_cache: Path):
-    """The session's cold `mlstack-ds install`, started by start_cold_installs when any selected test needs it
-    (tests/support/cold_install.py); None otherwise."""
+    """The run's cold `mlstack-ds install`, started by start_cold_installs when any selected test needs it
+    (tests/support/cold_install.py): run by this process, or, under xdist, by the one that asked first
+    (then a PublishedInstall here); None when no selected test needs it."""
     if os.environ.get(REUSED_TARGET_ENV) or not any(
             INSTALLED_TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in request.session.items):
         yield None
         return
-    install = BackgroundInstall(tmp_path_factory.mktemp("target") / "venv", e2e_cache).start()
+    handoff = InstallHandoff(run_directory(request.config, tmp_path_factory), "cold-install")
+    if not handoff.claim():
+        yield PublishedInstall(handoff)
+        return
+    install = BackgroundInstall(tmp_path_factory.mktemp("target") / "venv", e2e_cache, handoff=handoff).start()
     yield install
-    install.stop()
+    install.finish(others_may_wait=others_may_wait(request.config))
 
 
 @pytest.fixture(scope="session")
 def cold_install_next(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                      cold_install: BackgroundInstall | None):
+                      cold_install: BackgroundInstall | PublishedInstall | None):
     """The second pin's cold `mlstack-ds install --deepspeed-version 0.19.8`, started when the first
     install ends (or now, when no selected test needs the first); None when no selected test needs it.
     It is the air-gapped install too: from a bundle, with `--offline`, in a network namespace with no route
@@ -264,7 +361,7 @@ def patched_trees(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture(scope="session")
-def installed_target(cold_install: BackgroundInstall | None, e2e_cache: Path) -> Target:
+def installed_target(cold_install: BackgroundInstall | PublishedInstall | None, e2e_cache: Path) -> Target:
     """A venv with torch 2.13.0 CPU, transformers and accelerate, and DeepSpeed installed by
     `mlstack-ds install` (cold build), started when the session began (tests/conftest.py)."""
     reused = os.environ.get(REUSED_TARGET_ENV)
@@ -303,7 +400,7 @@ def air_gapped_next_install(installed_next_target: tuple[Target, dict],
 
 
 @pytest.fixture(scope="session")
-def install_verify_report(installed_target: Target, cold_install: BackgroundInstall | None) -> dict:
+def install_verify_report(installed_target: Target, cold_install: BackgroundInstall | PublishedInstall | None) -> dict:
     """The verify report (`--json`) of the whole suite that the cold install ran on its target: the
     single-node suite run the verify tests examine, instead of running it a second time."""
     if cold_install is None:  # a reused target: run the suite now

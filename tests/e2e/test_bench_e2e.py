@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from support.cli import CliResult, run_cli
 
-pytestmark = pytest.mark.slow
+# Only reads the installed target: runs beside the tests that change it (tests/conftest.py: target_access).
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]
 
 # Buckets sized for the tiny model (2e6 elements; DeepSpeed's default reduce bucket of 5e8 elements is a
 # 2 GB fp32 buffer on every ZeRO-3 rank, which would dwarf the 17M-parameter model's states).

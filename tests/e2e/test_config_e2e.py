@@ -23,7 +23,8 @@ from support.fakemachine import FakeMachine
 import mlstack_ds
 from mlstack_ds.config.rules import ORDER
 
-pytestmark = pytest.mark.slow
+# Only reads the installed target: runs beside the tests that change it (tests/conftest.py: target_access).
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]
 
 CAPTURE = "rocminfo_gfx1100_rocm-issue-3949.txt"
 PACKAGE_PARENT = str(Path(mlstack_ds.__file__).resolve().parents[1])

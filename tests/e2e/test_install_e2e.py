@@ -238,6 +238,7 @@ def verify_failures(stdout: str) -> object:
                          for launch in verify.get("launches", [])]}
 
 
+@pytest.mark.reads_target  # into a venv of its own: reads only the target's wheel cache
 def test_wrapper_installs_end_to_end_with_cpu_torch(installed_target: Target, tmp_path: Path) -> None:
     """The README's main command on a machine without torch (the system packages are there: scripts/test.sh
     installs them; a package manager call would fail the run); the shared wheel cache spares a rebuild.

@@ -32,7 +32,8 @@ from mlstack_ds.verify.suite import VerifyOptions
 from mlstack_ds.verify.suite import run_verify as run_suite
 from mlstack_ds.worker import hf_checks
 
-pytestmark = pytest.mark.slow
+# Only reads the installed target: runs beside the tests that change it (tests/conftest.py: target_access).
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]
 
 RACE_PRONE = {"zero3", "zero3_offload", "checkpoint", "zero_to_fp32", "nvme_offload"}
 # The two ways the race shows (worker/training.py): a loss curve leaving the reference at a named step, or the
