@@ -1,83 +1,45 @@
 """`install --hostfile` and `install --slurm` are one sequence written against the node seam
-(cluster/transport.py): here it runs over a transport that reaches its "nodes" in memory, so the sequence
-itself (ready lines, shared environments, the cache copied or refused, all-or-nothing) is checked with no
-ssh and no Slurm. The real transports are tests/multinode's."""
+(cluster/transport.py): here it runs over a transport that reaches its "nodes" in memory
+(tests/support/memory_nodes.py), so the sequence itself (ready lines, shared environments, the cache
+copied or refused, all-or-nothing) is checked with no ssh and no Slurm. The real transports are
+tests/multinode's."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from rich.console import Console
+from support.memory_nodes import MemoryNodes
 
 from mlstack_ds.cluster.tool import ToolRun
-from mlstack_ds.cluster.transport import NodeTransport, ScriptAnswer
+from mlstack_ds.cluster.transport import NodeTransport
 from mlstack_ds.console import Output
 from mlstack_ds.errors import EnvironmentProblem, InstallError
 from mlstack_ds.install import nodes as install_nodes
 from mlstack_ds.install.pipeline import InstallRequest
-from mlstack_ds.runner import RunResult
 from mlstack_ds.verify.suite import VerifyOptions
 
 
-@dataclass
-class MemoryNodes:
-    """Nodes answered from this test: which of this host's files each sees, whose install fails."""
+def nodes_for_install(hosts: tuple[str, ...], prefix: Path, seeing: Mapping[str, set[str]], *,
+                  failing: frozenset[str] = frozenset(), **kwargs: Any) -> MemoryNodes:
+    """Nodes that see this host's "cache" and/or target environment ("env", under `prefix`) as `seeing` says,
+    whose install fails on `failing`, and which have no copy of the wheel (their `sha256sum` fails)."""
+    def seen(host: str, path: Path) -> bool:
+        return ("env" if path.parent == prefix else "cache") in seeing.get(host, set())
 
-    hosts: tuple[str, ...]
-    prefix: Path
-    seeing: Mapping[str, set[str]]  # host -> "cache" / "env": what of this host's it sees
-    failing: set[str] = field(default_factory=set)
-    copies_files: bool = True
-    option: str = "--hostfile"
-    reached_by: str = "memory"
-    no_answer: str = "not reachable in memory"
-    calls: list[tuple[str, ...]] = field(default_factory=list)
-
-    def check_ready(self, python: Path) -> None:
-        self.calls.append(("check_ready", str(python)))
-
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
-        self.calls.append((host, *map(str, args)))
-        if args[0] == "install" and host in self.failing:
+    def tool(host: str, args: Sequence[str]) -> ToolRun:
+        if args[0] == "install" and host in failing:
             return ToolRun(3, {"error": {"message": "read-only venv", "hint": "", "exit_code": 3}}, "")
         return ToolRun(0, {"action": "installed" if args[0] == "install" else "rolled-back",
                            "receipt": {"cache_key": "k"}}, "")
 
-    def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
-                         done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
-        runs = []
-        for host in self.hosts:
-            run = ToolRun(0, {"platform": "cpu", "python": {"prefix": str(self.prefix)}, "gpus": []}, "")
-            if done is not None:
-                done(host, run)
-            runs.append(run)
-        return runs
-
-    def script_on_each(self, script: str, *, timeout_s: float,
-                       done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
-        raise AssertionError("install sends no script")
-
-    def run(self, host: str, argv: Sequence[str | Path], *, timeout_s: float = 60.0) -> RunResult:
-        self.calls.append((host, *map(str, argv)))
-        return RunResult(tuple(map(str, argv)), 0 if argv[0] != "sha256sum" else 1, "", "", 0.0)
-
-    def sees(self, paths: Sequence[Path]) -> Mapping[str, frozenset[str]]:
-        def kind(path: Path) -> str:
-            return "env" if path.parent == self.prefix else "cache"
-        return {host: frozenset(str(p) for p in paths if kind(p) in self.seeing.get(host, set()))
-                for host in self.hosts}
-
-    def copy_to(self, host: str, local: Path, remote_parent: Path) -> None:
-        self.calls.append((host, "copy", local.name))
-
-    def stop(self, run_id: str) -> None:
-        self.calls.append(("stop", run_id))
+    return MemoryNodes(hosts, seen, tool, facts={"platform": "cpu", "python": {"prefix": str(prefix)}, "gpus": []},
+                       exit_codes={"sha256sum": 1}, **kwargs)
 
 
 @pytest.fixture
@@ -107,7 +69,7 @@ def run(nodes: NodeTransport) -> tuple[Any, str]:
 
 
 def test_a_shared_environment_is_installed_once_and_an_unshared_cache_is_copied(heads_side: SimpleNamespace) -> None:
-    nodes = MemoryNodes(("a", "b", "c"), heads_side.prefix, {"a": {"cache", "env"}, "b": {"env"}, "c": set()})
+    nodes = nodes_for_install(("a", "b", "c"), heads_side.prefix, {"a": {"cache", "env"}, "b": {"env"}, "c": set()})
     outcome, said = run(nodes)
     assert [(n.host, n.action, n.cache, n.shares_with) for n in outcome.nodes] == [
         ("a", "installed", "shared", None), ("b", "shared", None, "a"), ("c", "installed", "copied", None)]
@@ -120,7 +82,7 @@ def test_a_shared_environment_is_installed_once_and_an_unshared_cache_is_copied(
 def test_an_environment_this_host_lacks_is_not_created_to_probe_it(heads_side: SimpleNamespace) -> None:
     """The first node's prefix missing here: every node installs on its own, and nothing appears here."""
     heads_side.prefix.rmdir()
-    nodes = MemoryNodes(("a", "b"), heads_side.prefix, {"a": {"cache", "env"}, "b": {"cache", "env"}})
+    nodes = nodes_for_install(("a", "b"), heads_side.prefix, {"a": {"cache", "env"}, "b": {"cache", "env"}})
     outcome, _said = run(nodes)
     assert [(n.host, n.action, n.shares_with) for n in outcome.nodes] == [("a", "installed", None),
                                                                           ("b", "installed", None)]
@@ -128,7 +90,7 @@ def test_an_environment_this_host_lacks_is_not_created_to_probe_it(heads_side: S
 
 
 def test_a_transport_that_copies_nothing_needs_every_node_to_see_the_cache(heads_side: SimpleNamespace) -> None:
-    nodes = MemoryNodes(("a", "b"), heads_side.prefix, {"a": {"cache"}, "b": set()}, copies_files=False,
+    nodes = nodes_for_install(("a", "b"), heads_side.prefix, {"a": {"cache"}, "b": set()}, copies_files=False,
                         option="--slurm")
     with pytest.raises(EnvironmentProblem) as caught:
         run(nodes)
@@ -138,7 +100,7 @@ def test_a_transport_that_copies_nothing_needs_every_node_to_see_the_cache(heads
 
 
 def test_the_first_failure_rolls_back_what_this_run_installed(heads_side: SimpleNamespace) -> None:
-    nodes = MemoryNodes(("a", "b"), heads_side.prefix, {"a": {"cache"}, "b": {"cache"}}, failing={"b"})
+    nodes = nodes_for_install(("a", "b"), heads_side.prefix, {"a": {"cache"}, "b": {"cache"}}, failing=frozenset({"b"}))
     with pytest.raises(InstallError) as caught:
         run(nodes)
     assert caught.value.message == "node b: install failed: read-only venv; rolled back on a"
