@@ -24,6 +24,9 @@ STEP_SLACK = 2.0
 # `sh -c ALWAYS_ZERO sh ARGV...`: the task ends 0 whatever ARGV's exit, so that srun's --kill-on-bad-exit does
 # not end the other nodes' tasks when one node's tool says no (its document carries its exit code).
 ALWAYS_ZERO = '"$@"; exit 0'
+# `sh -c SEES sh PATH...`: the marker, then the paths that exist there, and exit 0 (see `sees`)
+SEES_MARKER = "mlstack-ds: node answered"
+SEES = f'echo "{SEES_MARKER}"; ls -d -- "$@" 2>/dev/null; exit 0'
 
 
 @dataclass(frozen=True)
@@ -98,13 +101,34 @@ class SrunNodes:
         return on_node(self.allocation, host, argv, timeout_s=timeout_s, env=self.env)
 
     def sees(self, paths: Sequence[Path]) -> Mapping[str, frozenset[str]]:
-        answers, _result = on_each_node(self.allocation, list(self.hosts), ["ls", "-d", "--", *paths],
-                                        timeout_s=CHECK_TIMEOUT_S, env=self.env)
-        return {host: frozenset(line.strip() for line in answers.get(host, "").splitlines()) for host in self.hosts}
+        """One step of `ls -d`; each task answers (a marker line first) and ends 0, so that a node missing a path
+        neither ends the others' tasks (`--kill-on-bad-exit`) nor passes for a node that ran nothing."""
+        try:
+            answers, result = on_each_node(self.allocation, list(self.hosts), ["sh", "-c", SEES, "sh", *paths],
+                                           timeout_s=CHECK_TIMEOUT_S, env=self.env)
+        except ToolTimedOut as exc:
+            raise EnvironmentProblem(f"srun did not start a task on every node within {CHECK_TIMEOUT_S:g} s",
+                                     hint=self._allocation_hint) from exc
+        seen = {}
+        for host in self.hosts:
+            lines = [line.strip() for line in answers.get(host, "").splitlines()]
+            if SEES_MARKER not in lines:
+                raise EnvironmentProblem(f"node {host} ran no task ({result.tail(1) or 'no output'})",
+                                         hint=self._allocation_hint)
+            seen[host] = frozenset(line for line in lines if line and line != SEES_MARKER)
+        return seen
+
+    @property
+    def _allocation_hint(self) -> str:
+        return f"is the allocation still running (`squeue -j {self.allocation.job_id}`)? are its nodes up (`sinfo`)?"
 
     def copy_to(self, host: str, local: Path, remote_parent: Path) -> None:
         raise EnvironmentProblem(f"node {host}: srun copies no files ({local} is not on a file system it shares)",
                                  hint="put it on a file system every node sees (e.g. under $HOME)")
+
+    def copy_from(self, host: str, remote_paths: Sequence[Path], local_dir: Path) -> None:
+        raise EnvironmentProblem(f"node {host}: srun copies no files back ({local_dir} is not on a file system it "
+                                 "shares)", hint="put it on a file system every node sees (e.g. under $HOME)")
 
     def stop(self, run_id: str) -> None:
         stop_steps(self.allocation.job_id, run_id, self.env)

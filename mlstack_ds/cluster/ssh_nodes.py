@@ -109,5 +109,10 @@ class SshNodes:
     def copy_to(self, host: str, local: Path, remote_parent: Path) -> None:
         remote.copy_to(host, local, remote_parent, env=self.env)
 
+    def copy_from(self, host: str, remote_paths: Sequence[Path], local_dir: Path) -> None:
+        """scp; its exit is not read: scp says no alike for a file that is not there and a node that is gone,
+        and either way the caller reads what arrived."""
+        remote.fetch_from(host, remote_paths, local_dir, env=self.env)
+
     def stop(self, run_id: str) -> None:
         on_each(list(self.hosts), lambda host: remote.kill_marked(host, run_id, env=self.env))

@@ -1,5 +1,5 @@
-"""The one seam for reaching nodes: what install, doctor (and, later, verify and bench) need of a multi-node
-run, whichever way the nodes are reached.
+"""The one seam for reaching nodes: what install, doctor, verify and bench need of a multi-node run,
+whichever way the nodes are reached.
 
 Why a seam: `--hostfile` (ssh, cluster/ssh_nodes.py) and `--slurm` (srun, cluster/srun_nodes.py) grew as two
 copies of every multi-node command, alike in outline and messages and different only in how a node is
@@ -90,12 +90,18 @@ class NodeTransport(Protocol):
         ...
 
     def sees(self, paths: Sequence[Path]) -> Mapping[str, frozenset[str]]:
-        """Which of `paths` (files this host just wrote) each node sees: a file system it shares with this
-        host. One round trip."""
+        """Which of `paths` (files this host just wrote, or an interpreter) each node sees: a file system it
+        shares with this host. One round trip; a node that cannot be reached is an EnvironmentProblem."""
         ...
 
     def copy_to(self, host: str, local: Path, remote_parent: Path) -> None:
         """Copy the file or directory `local` into `remote_parent` on `host` (only where `copies_files`)."""
+        ...
+
+    def copy_from(self, host: str, remote_paths: Sequence[Path], local_dir: Path) -> None:
+        """Copy `remote_paths` (globs allowed) from `host` into `local_dir` (only where `copies_files`): a
+        launch's rank files from a node that had a copy of its directory. A node that has none of them is not
+        an error (a rank that never started wrote nothing); one that cannot be reached is."""
         ...
 
     def stop(self, run_id: str) -> None:

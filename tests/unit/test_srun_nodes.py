@@ -6,6 +6,7 @@ one is tests/multinode's."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from mlstack_ds.cluster import srun_nodes
 from mlstack_ds.cluster.slurm import Allocation
 from mlstack_ds.cluster.srun_nodes import SrunNodes
+from mlstack_ds.errors import EnvironmentProblem
 
 FAKE_SRUN = f"""#!{sys.executable}
 import os, subprocess, sys
@@ -23,6 +25,10 @@ while args and args[0].startswith("--"):
 stdin = sys.stdin.read() if "input" in opts else None
 code = 0
 for task, node in enumerate(opts["nodelist"].split(",")):
+    if node == os.environ.get("FAKE_SRUN_DOWN"):
+        sys.stderr.write(f"srun: error: {{node}}: task {{task}}: Unable to contact slurm controller\\n")
+        code = 1
+        continue
     done = subprocess.run(args, input=stdin, capture_output=True, text=True, env={{**os.environ, "FAKE_NODE": node}})
     out = "".join(f"{{task}}: {{line}}\\n" for line in done.stdout.splitlines()) if "label" in opts else done.stdout
     sys.stdout.write(out)
@@ -70,6 +76,19 @@ def test_which_files_written_here_each_node_sees(nodes: SrunNodes, tmp_path: Pat
     here = tmp_path / "probe"
     here.write_text("x")
     assert nodes.sees([here, tmp_path / "missing"]) == {"a": frozenset({str(here)}), "b": frozenset({str(here)})}
+
+
+def test_a_node_that_ran_no_task_is_named_not_taken_for_one_that_sees_nothing(nodes: SrunNodes,
+                                                                            tmp_path: Path) -> None:
+    """Before: `sees` answered b as seeing nothing, and a launch said "node b has no interpreter"."""
+    here = tmp_path / "probe"
+    here.write_text("x")
+    down = replace(nodes, env={**nodes.env, "FAKE_SRUN_DOWN": "b"})
+    with pytest.raises(EnvironmentProblem) as gone:
+        down.sees([here])
+    assert gone.value.message == "node b ran no task (srun: error: b: task 1: Unable to contact slurm controller)"
+    assert "squeue -j 42" in gone.value.hint
+    assert nodes.sees([tmp_path / "missing"]) == {"a": frozenset(), "b": frozenset()}  # answered, saw nothing
 
 
 def test_a_script_on_every_node_and_a_node_that_printed_nothing(nodes: SrunNodes) -> None:
