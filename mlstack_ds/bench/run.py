@@ -15,7 +15,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,8 @@ from mlstack_ds.bench.spec import BenchSpec
 from mlstack_ds.cluster import hostfile, slurm
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.errors import Interrupted
-from mlstack_ds.launch import launcher, target
+from mlstack_ds.launch import launcher, target, ways
+from mlstack_ds.launch.nodes import NodeLaunch
 from mlstack_ds.launch.session import RankRecords, launch_workers
 from mlstack_ds.worker.protocol import PROGRESS_FILE
 
@@ -58,24 +59,26 @@ def run_bench(spec: BenchSpec, python: Path, status: Callable[[str], None] = lam
     probe = target.require_torch(python)
     hosts = hostfile.parse_hostfile(spec.hostfile) if spec.hostfile else None
     # one launch per (nodes, world size): the hostfile's or the allocation's first N nodes, or this machine
-    layouts: list[tuple[int, Sequence[hostfile.HostEntry] | None]]
+    layouts: list[tuple[int, NodeLaunch | None]]
     if allocation is not None:
         per_node = target.slurm_ranks_per_node(probe, allocation)
-        layouts = [(count * per_node, allocation.hosts(per_node, count)) for count in counts]
+        layouts = [(count * per_node, ways.over_nodes(None, allocation.hosts(per_node, count), allocation, os.environ))
+                   for count in counts]
     else:
-        layouts = [(size, hosts) for size in target.world_sizes(probe, spec.world_sizes or (), spec.hostfile, hosts)]
+        over = ways.over_nodes(spec.hostfile, hosts, None, os.environ)
+        layouts = [(size, over) for size in target.world_sizes(probe, spec.world_sizes or (), spec.hostfile, hosts)]
     platform = "cpu" if probe.gpus == 0 else "gpu"
     runs: list[StageRun] = []
     total = len(layouts) * len(spec.stages)
-    for world_size, launch_hosts in layouts:
-        where = f" over {len(launch_hosts)} node(s)" if allocation is not None and launch_hosts else ""
+    for world_size, over_nodes in layouts:
+        where = f" over {len(over_nodes.hosts)} node(s)" if allocation is not None and over_nodes else ""
         for stage in spec.stages:
             label = stage_label(stage)
             status(f"[{len(runs) + 1}/{total}] {label} on {world_size} rank(s){where}: {spec.model.name}, "
                    f"{spec.warmup} warm-up + {spec.steps} timed steps")
             try:
-                run = _run_stage(python, spec, stage, world_size, hosts=launch_hosts, status=status,
-                                 extra_env=extra_env or {}, allocation=allocation)
+                run = _run_stage(python, spec, stage, world_size, over=over_nodes, status=status,
+                                 extra_env=extra_env or {})
             except KeyboardInterrupt:
                 raise Interrupted(f"interrupted: bench stopped during {label} on {world_size} rank(s); every "
                                   "launched process was killed", hint="run it again (--stages to pick fewer)",
@@ -114,14 +117,12 @@ def worker_args(spec: BenchSpec, stage: str, out_dir: Path, run_id: str) -> list
     return args
 
 
-def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *,
-               hosts: Sequence[hostfile.HostEntry] | None, status: Callable[[str], None],
-               extra_env: Mapping[str, str], allocation: slurm.Allocation | None = None) -> StageRun:
+def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *, over: NodeLaunch | None,
+               status: Callable[[str], None], extra_env: Mapping[str, str]) -> StageRun:
     launched = launch_workers(
         python, lambda dirs: worker_args(spec, stage, dirs.results, dirs.run_id), world_size=world_size,
-        hosts=hosts, hostfile=spec.hostfile, timeout_s=spec.timeout_s, extra_env=extra_env, status=status,
-        prefix="mlstack-bench-", watch=lambda results: ProgressWatcher(results / PROGRESS_FILE, stage, status),
-        allocation=allocation)
+        over=over, timeout_s=spec.timeout_s, extra_env=extra_env, status=status,
+        prefix="mlstack-bench-", watch=lambda results: ProgressWatcher(results / PROGRESS_FILE, stage, status))
     ranks = read_ranks(launched.records)
     verdict, reason = judge(ranks, world_size, launched.outcome, spec.timeout_s)
     return StageRun(world_size, stage, verdict, reason, ranks, round(launched.outcome.duration_s, 3), launched.argv,

@@ -129,11 +129,11 @@ def _checked(result: runner.RunResult, host: str, doing: str) -> None:
 
 @dataclass(frozen=True)
 class SharedFileProbe:
-    """The one shared-file-system probe: a file of random content that this host writes; a node that reads
-    the same content at the same path (or sees the file, `NodeTransport.sees`) shares that file system.
+    """The one shared-file-system probe: a file with a random name that this host writes; a node that sees
+    it at the same path (`NodeTransport.sees`) shares that file system.
 
     Why not compare paths or mount tables: an NFS home, a cluster file system and a bind mount all look
-    different there; reading back what was just written is the one answer that is always right."""
+    different there; finding what was just written is the one answer that is always right."""
 
     path: Path
     content: str
@@ -146,10 +146,6 @@ class SharedFileProbe:
         directory.mkdir(parents=True, exist_ok=True)
         probe.path.write_text(probe.content)
         return probe
-
-    def matches(self, read: str) -> bool:
-        """Is `read` (the file as a node printed it, in a round trip of the caller's) this probe's content?"""
-        return read == self.content
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

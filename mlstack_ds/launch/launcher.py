@@ -1,12 +1,12 @@
 """Start the worker package on N ranks, bound the launch in time, and leave nothing of it running.
 
-Two launchers, both standard: `python -m torch.distributed.run` on one machine (loopback, a free port)
-and DeepSpeed's own launcher (`python -m deepspeed.launcher.runner --hostfile ...`, pdsh/ssh) for
-several nodes. The subprocess goes through `mlstack_ds.runner.run`, which kills the launcher's process
-group on time-out. torchrun starts each rank in a session of its own, so that is not enough: every
-process of a launch carries `MLSTACK_VERIFY_RUN_ID=<id>` in its environment (children inherit it),
-ranks ask the kernel to kill them when their launcher dies, and after every launch `sweep` kills
-whatever still carries the marker. The whole sequence around a launch (nodes, results) is session.py's.
+`python -m torch.distributed.run` on one machine (loopback, a free port); over several nodes a launch's
+own `RankStart` (launch/pdsh.py: DeepSpeed's launcher; launch/srun.py: srun tasks) builds the argv. The
+subprocess goes through `mlstack_ds.runner.run`, which kills the launcher's process group on time-out.
+torchrun starts each rank in a session of its own, so that is not enough: every process of a launch
+carries `MLSTACK_VERIFY_RUN_ID=<id>` in its environment (children inherit it), ranks ask the kernel to
+kill them when their launcher dies, and after every launch `sweep` kills whatever still carries the
+marker. The whole sequence around a launch (nodes, results) is session.py's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlstack_ds import runner
-from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.errors import ToolError, ToolStalled, ToolTimedOut
 
 RUN_ID_ENV = "MLSTACK_VERIFY_RUN_ID"
@@ -80,20 +79,6 @@ def torchrun_argv(python: Path, world_size: int, port: int, args: Sequence[str])
     """Single node: `python -m torch.distributed.run` on loopback, no restarts (a failure is a result)."""
     return [str(python), "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
             "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0", "--module", *args]
-
-
-def deepspeed_argv(python: Path, hostfile: Path, hosts: Sequence[HostEntry], port: int,
-                   args: Sequence[str], *, gpus_per_node: int | None = None) -> list[str]:
-    """Several nodes: DeepSpeed's launcher (pdsh/ssh), master on the first host with a slot (DeepSpeed
-    gives rank 0, which serves the rendezvous, to the first host with slots; a `slots=0` host runs none).
-
-    The staged worker and `--out` must exist on every node (same path or a shared file system).
-    """
-    argv = [str(python), "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile),
-            "--master_addr", next((h.host for h in hosts if h.slots), hosts[0].host), "--master_port", str(port)]
-    if gpus_per_node is not None:
-        argv += ["--num_gpus", str(gpus_per_node)]
-    return [*argv, "--module", *args]
 
 
 @dataclass(frozen=True)

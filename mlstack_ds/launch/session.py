@@ -1,10 +1,11 @@
 """The one launch sequence of the worker package, for verify's checks and bench's stages alike.
 
 In order: a private launch directory (the staged worker, an empty results directory); the launcher's
-argv and the nodes made ready (`nodes.launch_command`: torchrun here, or DeepSpeed's launcher over a
-hostfile's nodes); the launch, bounded by the time-out, swept afterwards (`launcher.run_launch`); every
-node's processes of it killed and the copied nodes' result files fetched back (`nodes.finish`); then every
-rank's records read through the worker's own protocol module, before the directory goes away.
+argv (torchrun here, or the `RankStart` of a launch over nodes: DeepSpeed's pdsh launcher, srun tasks) and
+the nodes made ready (`nodes.prepare`, over the node seam); the launch, bounded by the time-out, swept
+afterwards; every node's processes of it stopped and the copied nodes' result files fetched back
+(`nodes.finish`); then every rank's records read through the worker's own protocol module, before the
+directory goes away. One sequence whichever way the nodes are reached: only the `NodeLaunch` differs.
 
 Why one: the guarantees (nothing left running on any node, results read even from a rank that died or
 a launch that was interrupted) hold for every caller only if there is one sequence that gives them.
@@ -20,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlstack_ds.cluster.hostfile import HostEntry
-from mlstack_ds.cluster.slurm import Allocation
-from mlstack_ds.cluster.srun_steps import find_srun
-from mlstack_ds.launch import launcher, nodes, srun
+from mlstack_ds.launch import launcher, nodes
+from mlstack_ds.launch.nodes import NodeLaunch
 from mlstack_ds.worker import protocol
 
 Record = Mapping[str, Any]
@@ -51,7 +50,7 @@ class Launched:
     argv: tuple[str, ...]
     outcome: launcher.LaunchOutcome
     records: RankRecords
-    nodes: tuple[nodes.Node | srun.SlurmNode, ...] = field(default_factory=tuple)
+    nodes: tuple[nodes.Node, ...] = field(default_factory=tuple)
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -63,10 +62,10 @@ class LaunchInterrupted(KeyboardInterrupt):
         self.records = records
 
 
-def progress_visible(hosts: Sequence[HostEntry] | None, allocation: Allocation | None) -> bool:
-    """Whether the ranks' result files grow here while they run: on one node, or under Slurm (whose
-    launch directory every node shares); not over a hostfile, whose nodes' files are fetched at the end."""
-    return hosts is None or allocation is not None
+def progress_visible(over: NodeLaunch | None) -> bool:
+    """Whether the ranks' result files grow here while they run: on one node, or where every node shares the
+    launch directory (srun); not over a hostfile, whose copied nodes' files are fetched at the end."""
+    return over is None or over.start.progress_visible
 
 
 def results_progress(results: Path) -> tuple[tuple[str, int], ...]:
@@ -91,18 +90,15 @@ def read_records(results: Path, world_size: int) -> RankRecords:
 
 
 def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]], *, world_size: int,
-                   hosts: Sequence[HostEntry] | None, hostfile: Path | None, timeout_s: float,
-                   extra_env: Mapping[str, str] | None = None, status: Callable[[str], None] = lambda _m: None,
-                   prefix: str = "mlstack-launch-",
+                   over: NodeLaunch | None, timeout_s: float, extra_env: Mapping[str, str] | None = None,
+                   status: Callable[[str], None] = lambda _m: None, prefix: str = "mlstack-launch-",
                    watch: Callable[[Path], AbstractContextManager[object]] | None = None,
-                   allocation: Allocation | None = None, stall_s: float | None = None) -> Launched:
+                   stall_s: float | None = None) -> Launched:
     """Run the worker (`worker_args(dirs)`: its module and arguments; files it needs go under `dirs.root`,
-    which reaches every node) on `world_size` ranks, or on `hosts` with a hostfile, or on `hosts` of a
-    Slurm `allocation` with srun (launch/srun.py), for at most `timeout_s`; `watch(results)` runs around the
-    launch itself (bench's progress lines). With `stall_s`, the launch is also stopped when no rank's result
-    file changed for that long, where this process sees those files as they are written (one node, or
-    Slurm's shared launch directory); a hostfile's nodes send theirs only at the end, so there `timeout_s`
-    alone bounds it (`progress_visible`).
+    which reaches every node) on `world_size` ranks here, or `over` several nodes (launch/nodes.py), for at
+    most `timeout_s`; `watch(results)` runs around the launch itself (bench's progress lines). With
+    `stall_s`, the launch is also stopped when no rank's result file changed for that long, where this
+    process sees those files as they are written (`progress_visible`); elsewhere `timeout_s` alone bounds it.
 
     Raises what the node preparation raises (nothing has run then), LaunchInterrupted on Ctrl-C."""
     run_id = launcher.new_run_id()
@@ -113,46 +109,39 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
         args = worker_args(dirs)
         env = launcher.worker_env({**os.environ, **(extra_env or {})}, staged)
         progress = (lambda: results_progress(dirs.results)) if stall_s is not None else None
-        if allocation is not None and hosts is not None:
-            return _launch_srun(python, args, env, allocation=allocation, hosts=hosts, dirs=dirs, staged=staged,
-                                world_size=world_size, timeout_s=timeout_s, status=status, watch=watch,
-                                stall_s=stall_s, progress=progress)
-        if not progress_visible(hosts, allocation):
+        if not progress_visible(over):
             stall_s = progress = None
-        argv, node_list = nodes.launch_command(python, args, env, launch_dir=dirs.root, run_id=run_id,
-                                               world_size=world_size, hosts=hosts, hostfile=hostfile, status=status)
+        if over is None:
+            argv = launcher.torchrun_argv(python, world_size, launcher.free_port(), args)
+            node_list: list[nodes.Node] = []
+        else:
+            argv = over.start.argv(python, args, over.hosts, launch_dir=dirs.root, run_id=run_id, env=env)
+            node_list = nodes.prepare(over, python, dirs.root, status=status)
         try:
             with watch(dirs.results) if watch is not None else nullcontext():
                 # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
-                outcome = launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged,
-                                              stall_s=stall_s, progress=progress)
+                outcome = _run(over, argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged,
+                               stall_s=stall_s, progress=progress)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
-            nodes.finish(node_list, run_id, dirs.root, dirs.results, env=env)
+            _finish(over, node_list, dirs)
             raise LaunchInterrupted(read_records(dirs.results, world_size)) from None
         except BaseException:
-            nodes.finish(node_list, run_id, dirs.root, dirs.results, env=env)
+            _finish(over, node_list, dirs)
             raise
-        nodes.finish(node_list, run_id, dirs.root, dirs.results, env=env)
+        _finish(over, node_list, dirs)
         records = read_records(dirs.results, world_size)
     return Launched(tuple(argv), outcome, records, tuple(node_list))
 
 
-def _launch_srun(python: Path, args: Sequence[str], env: dict[str, str], *, allocation: Allocation,
-                 hosts: Sequence[HostEntry], dirs: LaunchDirs, staged: Path, world_size: int, timeout_s: float,
-                 status: Callable[[str], None],
-                 watch: Callable[[Path], AbstractContextManager[object]] | None,
-                 stall_s: float | None, progress: Callable[[], object] | None) -> Launched:
-    """The Slurm branch: every node checked by one srun step, then one task per rank; srun.run_launch
-    returns only when no task of either step is left on any node (the launch directory is shared)."""
-    srun_path = find_srun(env)
-    env.update(srun.rendezvous_env(hosts))
-    node_list = srun.check_nodes(python, dirs.root, allocation=allocation, hosts=hosts,
-                                 run_id=dirs.run_id, env=env, status=status)
-    argv = srun.srun_argv(srun_path, python, args, allocation=allocation, hosts=hosts, run_id=dirs.run_id)
-    try:
-        with watch(dirs.results) if watch is not None else nullcontext():
-            outcome = srun.run_launch(argv, timeout_s=timeout_s, job_id=allocation.job_id, run_id=dirs.run_id,
-                                      env=env, cwd=staged, stall_s=stall_s, progress=progress)
-    except KeyboardInterrupt:
-        raise LaunchInterrupted(read_records(dirs.results, world_size)) from None
-    return Launched(tuple(argv), outcome, read_records(dirs.results, world_size), tuple(node_list))
+def _run(over: NodeLaunch | None, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str],
+         cwd: Path, stall_s: float | None, progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
+    if over is None:
+        return launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=cwd, stall_s=stall_s,
+                                   progress=progress)
+    return over.start.run(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=cwd, stall_s=stall_s,
+                          progress=progress)
+
+
+def _finish(over: NodeLaunch | None, node_list: Sequence[nodes.Node], dirs: LaunchDirs) -> None:
+    if over is not None:
+        nodes.finish(over.transport, node_list, dirs.run_id, dirs.root, dirs.results)

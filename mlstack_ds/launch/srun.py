@@ -1,4 +1,10 @@
-"""Start the worker on an allocation's nodes with `srun`, one task per rank, and leave no step behind.
+"""`--slurm`: the ranks started as srun tasks on an allocation's nodes, one task per rank, and no step left
+behind.
+
+What differs from DeepSpeed's pdsh launcher (launch/pdsh.py) is only this: the launcher's argv (srun with
+the allocation's job id, the worker's `slurm_env` entry), the rendezvous in the ranks' environment, and the
+ranks' exit codes from srun's task lines (and a job's time limit). Getting the nodes ready is
+launch/nodes.py's, through srun steps (cluster/srun_nodes.py).
 
 Why one task per rank (RANK/WORLD_SIZE/LOCAL_RANK mapped from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID by
 the worker's `slurm_env` entry, MASTER_ADDR the allocation's first node) and not one `torchrun` per node:
@@ -24,26 +30,31 @@ from pathlib import Path
 from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.slurm import Allocation
-from mlstack_ds.cluster.srun_steps import (
-    CHECK_TIMEOUT_S,
-    SQUEUE_TIMEOUT_S,
-    on_each_node,
-    run_step,
-    step_options,
-)
-from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolStalled, ToolTimedOut
+from mlstack_ds.cluster.srun_steps import SQUEUE_TIMEOUT_S, find_srun, run_step, step_options
+from mlstack_ds.errors import ToolError, ToolStalled, ToolTimedOut
 from mlstack_ds.launch import launcher
 
 ENTRY_MODULE = f"{launcher.WORKER_MODULE}.slurm_env"
 
 
 @dataclass(frozen=True)
-class SlurmNode:
-    host: str
-    ranks: tuple[int, ...]
+class SrunStart:
+    """One srun task per rank on the allocation's nodes (launch/nodes.RankStart)."""
 
-    def to_json(self) -> dict[str, object]:
-        return {"host": self.host, "ranks": list(self.ranks), "files": "shared", "launcher": "srun"}
+    allocation: Allocation
+    name: str = "srun"
+    progress_visible: bool = True  # srun copies nothing: the launch directory is on a file system all share
+
+    def argv(self, python: Path, args: Sequence[str], hosts: Sequence[HostEntry], *, launch_dir: Path,
+             run_id: str, env: dict[str, str]) -> list[str]:
+        srun = find_srun(env)
+        env.update(rendezvous_env(hosts))
+        return srun_argv(srun, python, args, allocation=self.allocation, hosts=hosts, run_id=run_id)
+
+    def run(self, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str], cwd: Path,
+            stall_s: float | None, progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
+        return run_launch(argv, timeout_s=timeout_s, job_id=self.allocation.job_id, run_id=run_id, env=env, cwd=cwd,
+                          stall_s=stall_s, progress=progress)
 
 
 def srun_argv(srun: Path, python: Path, args: Sequence[str], *, allocation: Allocation,
@@ -57,42 +68,6 @@ def rendezvous_env(hosts: Sequence[HostEntry]) -> dict[str, str]:
     """MASTER_ADDR/MASTER_PORT for the ranks: the first node, a port free here (the first node, in an
     sbatch script; from a login node a guess that collides rarely, as torchrun's own choice does)."""
     return {"MASTER_ADDR": hosts[0].host, "MASTER_PORT": str(launcher.free_port("0.0.0.0"))}
-
-
-def check_nodes(python: Path, launch_dir: Path, *, allocation: Allocation, hosts: Sequence[HostEntry],
-                run_id: str, env: Mapping[str, str], status: Callable[[str], None]) -> list[SlurmNode]:
-    """One task per node (`ls -d` of the interpreter and the launch directory): every node has `python` and
-    sees this host's launch directory (a shared file system: srun copies nothing). One srun step; raises
-    EnvironmentProblem naming every node that cannot take part, before any rank starts."""
-    try:
-        answers, result = on_each_node(allocation, [h.host for h in hosts], ["ls", "-d", "--", python, launch_dir],
-                                       timeout_s=CHECK_TIMEOUT_S, env=env, name=f"{run_id}-check")
-    except ToolTimedOut as exc:
-        raise EnvironmentProblem(f"srun did not start a task on every node within {CHECK_TIMEOUT_S:g} s",
-                                 hint="is the allocation still running (`squeue -j "
-                                 f"{allocation.job_id}`)? are its nodes up (`sinfo`)?") from exc
-    problems, layout, next_rank = [], [], 0
-    for host in hosts:
-        ranks = tuple(range(next_rank, next_rank + host.slots))
-        next_rank += host.slots
-        found = {path.strip() for path in answers.get(host.host, "").splitlines()}
-        if not found and result.returncode != 0:
-            problems.append(f"node {host.host} ran no task ({result.tail(1) or 'no output'})")
-        elif str(python) not in found:
-            problems.append(f"node {host.host} has no interpreter at {python}")
-        elif str(launch_dir) not in found:
-            problems.append(f"node {host.host} does not see {launch_dir} (not a shared file system)")
-        else:
-            status(f"{host.host}: ranks {ranks[0]}-{ranks[-1]}, srun step of job {allocation.job_id}"
-                   if len(ranks) > 1 else f"{host.host}: rank {ranks[0]}, srun step of job {allocation.job_id}")
-            layout.append(SlurmNode(host.host, ranks))
-    if problems:
-        hint = ("the launch files go under TMPDIR: point it at a directory every node sees (e.g. "
-                "`TMPDIR=$HOME/tmp`), and create --python's environment at the same path on every node "
-                "(a shared file system does both)")
-        raise EnvironmentProblem(problems[0] if len(problems) == 1 else
-                                 f"{len(problems)} nodes cannot take part: {'; '.join(problems)}", hint=hint)
-    return layout
 
 
 def run_launch(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: str, env: Mapping[str, str],

@@ -29,7 +29,8 @@ from mlstack_ds.detect.client_pairs import known_bad_pairs
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import Interrupted, UsageError
-from mlstack_ds.launch import launcher, target
+from mlstack_ds.launch import launcher, target, ways
+from mlstack_ds.launch.nodes import NodeLaunch
 from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers, progress_visible
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check, with_known_cause
@@ -81,7 +82,8 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
     else:
         (world_size,) = target.world_sizes(probe, (options.world_size,) if options.world_size else (),
                                            options.hostfile, hosts)
-    watched = progress_visible(hosts, allocation)
+    over = ways.over_nodes(options.hostfile, hosts, allocation, os.environ)
+    watched = progress_visible(over)
     deadline = started + options.timeout_s  # the whole run's, where progress is not watched
     results: list[CheckResult] = []
     launches: list[LaunchRecord] = []
@@ -93,8 +95,8 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
             continue
         status(f"launching {len(group)} check(s) on {world_size} rank(s): {', '.join(s.name for s in group)}")
         try:
-            group_results, record = _run_group(python, group, world_size, hosts=hosts, options=options,
-                                               bounds=bounds, status=status, allocation=allocation)
+            group_results, record = _run_group(python, group, world_size, over=over, options=options,
+                                               bounds=bounds, status=status)
         except _InterruptedGroup as stopped:
             done = results + stopped.finished
             raise Interrupted(
@@ -127,9 +129,8 @@ def launch_bounds(timeout_s: float, checks: int, remaining_s: float, *, watched:
     return LaunchBounds(remaining_s, None, timeout_s)
 
 
-def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
-               hosts: Sequence[hostfile.HostEntry] | None, options: VerifyOptions, bounds: LaunchBounds,
-               status: Callable[[str], None], allocation: slurm.Allocation | None = None,
+def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *, over: NodeLaunch | None,
+               options: VerifyOptions, bounds: LaunchBounds, status: Callable[[str], None],
                ) -> tuple[list[CheckResult], LaunchRecord]:
     names = [s.name for s in group]
 
@@ -142,10 +143,9 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *,
                                     ds_config=ds_config)
 
     try:
-        launched = launch_workers(python, worker_args, world_size=world_size, hosts=hosts,
-                                  hostfile=options.hostfile, timeout_s=bounds.ceiling_s, stall_s=bounds.stall_s,
-                                  extra_env=options.extra_env, status=status, prefix="mlstack-verify-",
-                                  allocation=allocation)
+        launched = launch_workers(python, worker_args, world_size=world_size, over=over,
+                                  timeout_s=bounds.ceiling_s, stall_s=bounds.stall_s,
+                                  extra_env=options.extra_env, status=status, prefix="mlstack-verify-")
     except LaunchInterrupted as stopped:  # keep the checks every rank had finished
         logs = rank_logs(stopped.records, world_size)
         finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})

@@ -18,7 +18,7 @@ from support.cli import run_cli
 
 from mlstack_ds.cluster.hostfile import parse_hostfile
 from mlstack_ds.errors import ExitCode, UsageError
-from mlstack_ds.launch import launcher
+from mlstack_ds.launch import pdsh
 
 # name -> (content, line our refusal names, or None when accepted or the whole file is at fault)
 CASES: dict[str, tuple[bytes, int | None]] = {
@@ -121,7 +121,7 @@ def test_duplicate_host_error_names_both_lines(hostfiles: dict[str, Path]) -> No
 def test_master_is_the_first_host_with_a_slot(hostfiles: dict[str, Path]) -> None:
     """DeepSpeed gives rank 0 (the rendezvous server) to the first host that has slots."""
     hosts = parse_hostfile(hostfiles["zero-slots"])
-    argv = launcher.deepspeed_argv(Path("p"), hostfiles["zero-slots"], hosts, 1, [])
+    argv = pdsh.deepspeed_argv(Path("p"), hostfiles["zero-slots"], hosts, 1, [])
     assert argv[argv.index("--master_addr") + 1] == "node-b"
 
 

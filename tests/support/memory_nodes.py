@@ -56,12 +56,10 @@ class MemoryNodes:
 
     def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
                          done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
-        runs = []
-        for host in self.hosts:
-            run = ToolRun(0, dict(self.facts), "")
+        runs = [ToolRun(0, dict(self.facts), "") for _host in self.hosts]
+        for host, run in zip(self.hosts, runs, strict=True):
             if done is not None:
                 done(host, run)
-            runs.append(run)
         return runs
 
     def script_on_each(self, script: str, *, timeout_s: float,

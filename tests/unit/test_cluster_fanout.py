@@ -134,30 +134,30 @@ def test_the_ssh_transport_says_which_nodes_see_a_probe_written_here(fake_ssh: P
     assert nodes.sees([probe.path]) == {"near": frozenset({str(probe.path)}), "apart": frozenset()}
     with pytest.raises(EnvironmentProblem, match="node down is not reachable over ssh: connect to host down"):
         SshNodes((HostEntry("near", 1), HostEntry("down", 1))).sees([probe.path])
-    assert probe.matches(probe.content) and not probe.matches("")
     probe.remove()
     assert not probe.path.exists()
 
 
-def test_launch_preparation_asks_every_node_at_once_and_names_each_that_cannot_take_part(fake_ssh: Path) -> None:
+def test_launch_preparation_over_ssh_checks_each_node_and_names_one_that_cannot_take_part(fake_ssh: Path) -> None:
+    """launch/nodes.prepare over the ssh transport (the sequence itself: tests/unit/test_launch_nodes.py): the
+    interpreter and the shared-file probe in one `ls -d` per node; an unreachable node is ssh's own words."""
     from mlstack_ds.cluster.hostfile import HostEntry
-    from mlstack_ds.launch import nodes
+    from mlstack_ds.launch import nodes, ways
 
-    (fake_ssh.parent / "bin" / "pdsh").write_text("#!/bin/sh\nexit 0\n")
-    (fake_ssh.parent / "bin" / "pdsh").chmod(0o755)
     launch_dir = fake_ssh / "launch"
     launch_dir.mkdir(parents=True)
+    hostfile = fake_ssh / "hostfile"
     lines: list[str] = []
-    ready = nodes.prepare([HostEntry("near", 2)], Path(sys.executable), launch_dir, status=lines.append)
-    assert ready == [nodes.Node("near", (0, 1), True)] and lines == ["near: reachable, ranks 0-1, shared file system"]
+    ready = nodes.prepare(ways.over_hostfile(hostfile, [HostEntry("near", 2)]), Path(sys.executable), launch_dir,
+                          status=lines.append)
+    assert ready == [nodes.Node("near", (0, 1), True, "pdsh")]
+    assert lines == ["near: reachable, ranks 0-1, shared file system"]
 
-    lines.clear()
+    three = [HostEntry("near", 1), HostEntry("down", 1), HostEntry("gone", 0)]
     with pytest.raises(EnvironmentProblem) as failed:
-        nodes.prepare([HostEntry("near", 1), HostEntry("down", 1), HostEntry("gone", 0)], Path(sys.executable),
-                      launch_dir, status=lines.append)
+        nodes.prepare(ways.over_hostfile(hostfile, three), Path(sys.executable), launch_dir)
     refused = "connect to host down port 22: Connection refused"
     assert failed.value.message == f"node down is not reachable over ssh: {refused}"
-    assert sorted(lines) == ["down: " + failed.value.message, "near: reachable, ranks 0, shared file system"]
     with pytest.raises(EnvironmentProblem, match="no interpreter at /nowhere/python"):
-        nodes.prepare([HostEntry("near", 1)], Path("/nowhere/python"), launch_dir)
+        nodes.prepare(ways.over_hostfile(hostfile, [HostEntry("near", 1)]), Path("/nowhere/python"), launch_dir)
     assert list(launch_dir.iterdir()) == []  # the probe files are removed

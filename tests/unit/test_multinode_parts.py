@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlstack_ds.cluster import remote
 from mlstack_ds.cluster.hostfile import HostEntry, rank_layout
-from mlstack_ds.launch.nodes import write_env_file
+from mlstack_ds.launch.pdsh import write_env_file
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport
 
 

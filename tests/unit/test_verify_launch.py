@@ -14,7 +14,7 @@ import pytest
 
 from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.errors import UsageError
-from mlstack_ds.launch import launcher
+from mlstack_ds.launch import launcher, pdsh
 from mlstack_ds.launch.session import read_records
 from mlstack_ds.verify.suite import rank_logs
 
@@ -58,14 +58,14 @@ def test_deepspeed_argv_for_a_hostfile(tmp_path: Path) -> None:
     hosts = parse_hostfile(hostfile)
     assert hosts == [HostEntry("node-a", 8), HostEntry("node-b", 8)]
     args = launcher.worker_args(["zero3"], Path("/shared/out"), 60, "rid")
-    argv = launcher.deepspeed_argv(Path("/venv/bin/python"), hostfile, hosts, 29600, args)
+    argv = pdsh.deepspeed_argv(Path("/venv/bin/python"), hostfile, hosts, 29600, args)
     assert argv[:3] == ["/venv/bin/python", "-m", "deepspeed.launcher.runner"]
     assert argv[argv.index("--hostfile") + 1] == str(hostfile)
     assert argv[argv.index("--master_addr") + 1] == "node-a"
     assert argv[argv.index("--master_port") + 1] == "29600"
     assert "--num_gpus" not in argv
     assert argv[argv.index("--module") + 1:] == args
-    with_gpus = launcher.deepspeed_argv(Path("p"), hostfile, hosts, 1, args, gpus_per_node=4)
+    with_gpus = pdsh.deepspeed_argv(Path("p"), hostfile, hosts, 1, args, gpus_per_node=4)
     assert with_gpus[with_gpus.index("--num_gpus") + 1] == "4"
 
 
