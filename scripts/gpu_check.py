@@ -50,7 +50,8 @@ NO_DEEPSPEED_ENV = "MLSTACK_GPU_CHECK_NO_DEEPSPEED"  # tests/gpu/conftest.py: wh
 
 # Each step's own limit in seconds; a step gets the smaller of it and what the budget has left.
 LIMITS = {"tool": 150, "clients": 120, "detect": 60, "doctor": 90, "install": 360, "verify": 210, "bench": 150,
-          "pytest": 150, "keep-wheel": 90}
+          "pytest": 150, "build-bench": 240, "keep-wheel": 90}
+BUILD_BENCH_MIN_S = 90.0  # less than this left: the build comparison is skipped (two builds need more)
 RESERVE_S = 10.0  # kept back from the budget for writing the report
 
 PROBE = r"""
@@ -139,6 +140,7 @@ class Options:
     bench_steps: int
     skip_pytest: bool
     keep_wheel: bool
+    skip_build_bench: bool
     wheel: Path | None
     cache_dir: Path | None
     budget_s: float
@@ -171,6 +173,30 @@ def summarize_bench(document: Mapping[str, Any]) -> dict[str, Any]:
                      "peak_gb": max(peaks) / 1e9 if peaks else None, "memory_kind": run.get("peak_memory_kind"),
                      "precision": run.get("precision"), "seconds": run.get("duration_s")})
     return {"spec": dict(document.get("spec") or {}), "runs": runs, "ok": document.get("ok")}
+
+
+def summarize_build_bench(document: Mapping[str, Any]) -> dict[str, Any]:
+    """`bench.py build`'s --json document reduced to the op set, each step's wall and CPU seconds and whether
+    it finished, the ratios and whether the two wheels agree."""
+    steps = {name: {"wall": r.get("wall"), "cpu": round(float(r.get("user") or 0) + float(r.get("system") or 0), 1),
+                    "finished": bool(r.get("finished"))} for name, r in (document.get("seconds") or {}).items()}
+    op_set = document.get("op_set") or {}
+    return {"ops": list(document.get("ops") or []), "of": list(op_set.get("of") or []), "cut": op_set.get("cut"),
+            "why": op_set.get("reason"), "steps": steps, "cold_over_hand": document.get("cold_over_hand"),
+            "cpu_cold_over_hand": document.get("cpu_cold_over_hand"), "same": document.get("same_ops_and_symbols")}
+
+
+def build_bench_reason(summary: Mapping[str, Any]) -> str:
+    """One line: which ops (and of how many), each step's wall, the ratios, whether the wheels agree."""
+    ops, of = summary.get("ops") or [], summary.get("of") or []
+    text = f"ops {','.join(ops)}" + (f" ({len(ops)} of {len(of)}: cut to fit the cap)" if summary.get("cut") else "")
+    for name, step in (summary.get("steps") or {}).items():
+        text += f"; {name} {step['wall']} s" + ("" if step["finished"] else " (not finished)")
+    if summary.get("cold_over_hand") is not None:
+        text += f"; ours/hand: wall {summary['cold_over_hand']}x, CPU {summary['cpu_cold_over_hand']}x"
+    if summary.get("same") is not None:
+        text += "; same ops and symbols" if summary["same"] else "; the wheels DIFFER"
+    return text
 
 
 def verify_reason(summary: Mapping[str, Any]) -> str:
@@ -707,6 +733,7 @@ class Run:
         self.verify(installed, len(gpus))
         self.bench(installed)
         self.pytest(installed, tool_ok)
+        self.build_bench(tool_ok)
         self.keep_wheel(installed)
         self.finished = True
         self.write()
@@ -838,6 +865,33 @@ class Run:
         elif not step.reason.startswith("timed out") and step.summary:
             step.reason = ", ".join(f"{n} {w}" for w, n in step.summary.items())
 
+    def build_bench(self, tool_ok: bool) -> None:
+        """Our build against DeepSpeed's documented hand build, same ops, one run (scripts/bench_build.py),
+        capped at what the step may take: the op set is cut to what the hand build can finish."""
+        options = self.options
+        step = self.step("build-bench", "build: ours against the hand build")
+        sdist = options.wheels / f"deepspeed-{options.pin}.tar.gz"
+        if options.skip_build_bench:
+            self.skip(step, "--skip-build-bench")
+            return
+        if not tool_ok:
+            self.skip(step, "the tool did not install")
+            return
+        if not sdist.is_file():
+            self.skip(step, f"no {sdist.name} in --wheels (the hand build builds the sdist)")
+            return
+        cap = self.clock.limit("build-bench") - 15  # kept for the bench to stop its steps and write its result
+        if cap < BUILD_BENCH_MIN_S:
+            self.skip(step, f"skipped: {max(cap, 0):.0f} s left, two builds need {BUILD_BENCH_MIN_S:.0f}")
+            return
+        result = self.work / "build-bench.json"
+        self.exec(step, build_bench_command(options.python, sdist, cap, result))
+        document = json_document(result.read_text()) if result.is_file() else None
+        if document is not None:
+            step.summary = summarize_build_bench(document)
+            if not step.reason.startswith("timed out"):
+                step.reason = build_bench_reason(step.summary)
+
     def keep_wheel(self, installed: Step) -> None:
         options = self.options
         step = self.step("keep-wheel", "keep the wheel (--keep-wheel)")
@@ -872,7 +926,14 @@ class Run:
 STEP_TITLES = (("tool", "tool install (offline)"), ("clients", "clients (requirements/clients.txt)"),
                ("detect", "detect"), ("doctor", "doctor"),
                ("install", "DeepSpeed install"), ("verify", "verify"), ("bench", "bench"),
-               ("pytest", "pytest -m gpu tests/gpu"), ("keep-wheel", "keep the wheel"))
+               ("pytest", "pytest -m gpu tests/gpu"), ("build-bench", "build: ours against the hand build"),
+               ("keep-wheel", "keep the wheel"))
+
+
+def build_bench_command(python: str, sdist: Path, cap_s: float, result: Path) -> list[str]:
+    """`bench.py build` with the target interpreter (its torch, nothing installed into it), offline."""
+    return [python, str(REPO / "scripts" / "bench.py"), "build", "--python", python, "--sdist", str(sdist),
+            "--time-cap", f"{cap_s:.0f}", "--json-out", str(result)]
 
 
 def summarize_detect(document: Mapping[str, Any]) -> dict[str, Any]:
@@ -924,6 +985,8 @@ def parse(argv: Sequence[str]) -> Options:
     parser.add_argument("--bench-stages", default="ddp,3", help="bench --stages")
     parser.add_argument("--bench-steps", type=int, default=3, help="bench --steps (timed steps per stage)")
     parser.add_argument("--skip-pytest", action="store_true", help="leave out pytest -m gpu tests/gpu")
+    parser.add_argument("--skip-build-bench", action="store_true",
+                        help="leave out the build comparison (scripts/bench.py build, ours against the hand build)")
     parser.add_argument("--keep-wheel", action="store_true",
                         help="save the built DeepSpeed wheel (its index, from publish) as OUT/wheel.partNN")
     parser.add_argument("--wheel", type=Path, metavar="FILE",
@@ -957,7 +1020,8 @@ def parse(argv: Sequence[str]) -> Options:
         raise UsageProblem(f"--out {args.out}: not a directory", "name a directory (made if absent)")
     return Options(python=python, wheels=wheels, out=out, pin=args.pin, bench_model=args.bench_model,
                    bench_stages=args.bench_stages, bench_steps=args.bench_steps, skip_pytest=args.skip_pytest,
-                   keep_wheel=args.keep_wheel, wheel=args.wheel.resolve() if args.wheel else None,
+                   skip_build_bench=args.skip_build_bench, keep_wheel=args.keep_wheel,
+                   wheel=args.wheel.resolve() if args.wheel else None,
                    cache_dir=args.cache_dir.resolve() if args.cache_dir else None, budget_s=args.budget,
                    allow_cpu=args.allow_cpu)
 

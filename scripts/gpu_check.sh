@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check on a ROCm or CUDA machine, offline: install the tool from a directory of wheels, then detect,
-# doctor, install, verify, a short bench and `pytest -m gpu`, and one report in --out (scripts/gpu_check.py).
+# doctor, install, verify, a short bench, `pytest -m gpu` and our build against the hand build (at most 240 s),
+# and one report in --out (scripts/gpu_check.py).
 #   scripts/gpu_check.sh --wheels DIR [--out DIR] [--python PY] [--pin 0.19.5] [--bench-model 350m]
-#                        [--bench-stages ddp,3] [--skip-pytest] [--keep-wheel] [--wheel wheel.part00] [--budget S]
+#                        [--bench-stages ddp,3] [--skip-pytest] [--skip-build-bench] [--keep-wheel] [--wheel wheel.part00]
+#                        [--budget S]
 # DIR comes from scripts/gpu_wheels.sh on a networked machine. Runs with the target interpreter (--python,
 # default python3): the script itself needs only the standard library.
 # Exit codes: 0 every step passed, 2 usage, 3 no GPU visible (nothing installed), 8 a step or check failed.

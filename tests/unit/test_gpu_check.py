@@ -234,3 +234,39 @@ def test_the_gpu_tests_skip_cleanly_here_with_the_reason() -> None:
     # and CI's plain run leaves them out when asked to: they all carry the marker
     deselected = run_pytest("-m", "not gpu", "tests/gpu")
     assert deselected.returncode == 5 and "deselected" in deselected.stdout.strip().splitlines()[-1]
+
+
+BUILD_BENCH = {"platform": "cuda", "ours": "mlstack-ds build", "time_cap_s": 225.0, "ops": ["fused_adam"],
+               "op_set": {"of": ["fused_adam", "fused_lamb", "cpu_adam"], "cut": True,
+                          "reason": "1 of the plan's 3 ops: ...", "hand_estimate_s": 115},
+               "seconds": {"hand": {"wall": 118.2, "user": 110.0, "system": 6.5, "finished": True},
+                           "cold": {"wall": 31.0, "user": 80.1, "system": 9.9, "finished": True},
+                           "rebuild": {"wall": 20.0, "user": 15.0, "system": 2.0, "finished": False}},
+               "cold_over_hand": 0.26, "cpu_cold_over_hand": 0.77, "same_ops_and_symbols": True}
+
+
+def test_the_build_comparison_is_one_line_with_the_op_set_each_step_and_the_ratios(gc: ModuleType) -> None:
+    summary = gc.summarize_build_bench(BUILD_BENCH)
+    assert summary["steps"]["cold"] == {"wall": 31.0, "cpu": 90.0, "finished": True}
+    assert gc.build_bench_reason(summary) == (
+        "ops fused_adam (1 of 3: cut to fit the cap); hand 118.2 s; cold 31.0 s; rebuild 20.0 s (not finished); "
+        "ours/hand: wall 0.26x, CPU 0.77x; same ops and symbols")
+    unfinished = {**BUILD_BENCH, "op_set": {"of": ["fused_adam"], "cut": False}, "cold_over_hand": None,
+                  "same_ops_and_symbols": None,
+                  "seconds": {"hand": {"wall": 200.0, "user": 1, "system": 1, "finished": False}}}
+    assert gc.build_bench_reason(gc.summarize_build_bench(unfinished)) == "ops fused_adam; hand 200.0 s (not finished)"
+
+
+def test_the_build_comparison_runs_bench_with_the_targets_python_offline_and_capped(gc: ModuleType,
+                                                                                    tmp_path: Path) -> None:
+    argv = gc.build_bench_command("/venv/bin/python", tmp_path / "deepspeed-0.19.5.tar.gz", 224.6,
+                                  tmp_path / "b.json")
+    assert argv == ["/venv/bin/python", str(REPO / "scripts" / "bench.py"), "build", "--python", "/venv/bin/python",
+                    "--sdist", str(tmp_path / "deepspeed-0.19.5.tar.gz"), "--time-cap", "225",
+                    "--json-out", str(tmp_path / "b.json")]
+    assert gc.LIMITS["build-bench"] <= 240  # the GPU check's slot: about 4 minutes for this part
+
+
+def test_the_build_comparison_can_be_left_out(gc: ModuleType, wheels: Path) -> None:
+    assert gc.parse(["--wheels", str(wheels), "--skip-build-bench"]).skip_build_bench is True
+    assert gc.parse(["--wheels", str(wheels)]).skip_build_bench is False
