@@ -232,7 +232,12 @@ def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping
     - ccache's base directory: compile commands name files relative to the tree, so the same source
       compiled from another staging directory (a rebuild, another pin with the same file) is a hit. The
       debug info's directory is then that of the first build (CCACHE_NOHASHDIR), which no one reads: the
-      tree is deleted after the build.
+      tree is deleted after the build;
+    - ccache compiles what its preprocessor run produced (CCACHE_NOCPP2): by default a miss preprocesses
+      the source twice, once for the hash and again inside the compile, and torch's extension headers make
+      that 1 to 3 s of CPU per file, work a hand build without ccache does once (issue 43, docs/benchmarks.md
+      "Build speed"). The machine code and symbols are the same; only debug info's column numbers differ.
+      A user's own CCACHE_CPP2/CCACHE_NOCPP2 is kept.
     """
     env: dict[str, str] = {}
     if plan.concurrency and plan.concurrency.ops_at_once > 1:
@@ -242,6 +247,8 @@ def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping
     if plan.path_prepend and "CCACHE_BASEDIR" not in base_env:
         env["CCACHE_BASEDIR"] = str(tree)
         env.setdefault("CCACHE_NOHASHDIR", "1")
+    if plan.path_prepend and not {"CCACHE_CPP2", "CCACHE_NOCPP2"} & base_env.keys():
+        env["CCACHE_NOCPP2"] = "1"
     return env
 
 

@@ -82,14 +82,14 @@ def test_the_recipe_copy_cuts_only_the_platforms_ops(bb: ModuleType, tmp_path: P
     assert "quantizer = { flag = \"DS_BUILD_QUANTIZER\", build = true" in rocm  # other platforms untouched
 
 
-@pytest.mark.parametrize(("platform", "planned", "changed"), [
+@pytest.mark.parametrize("case", [
     ("cpu", ["cpu_adam", "fused_adam", "deepspeed_shm_comm"], ("deepspeed_shm_comm", "csrc/cpu/comm/shm.cpp")),
     ("cuda", ["fused_adam", "cpu_adam"], ("fused_adam", "csrc/adam/fused_adam_frontend.cpp")),
     ("rocm", ["cpu_adam", "utils"], ("cpu_adam", "csrc/adam/cpu_adam.cpp")),
 ])
 def test_the_rebuilds_patch_changes_one_source_of_an_op_in_the_set_and_applies(
-        bb: ModuleType, deepspeed_sdist: Path, tmp_path: Path, platform: str, planned: list[str],
-        changed: tuple[str, str]) -> None:
+        bb: ModuleType, deepspeed_sdist: Path, tmp_path: Path, case: tuple[str, list[str], tuple[str, str]]) -> None:
+    platform, planned, changed = case
     assert bb.rebuild_source(platform, planned) == changed
     with tarfile.open(deepspeed_sdist) as archive:
         archive.extractall(tmp_path, filter="data")
