@@ -7,9 +7,11 @@ pristine and the patched tree are each tested with their own code. The extension
 only) so that compiling them takes a fraction of a second; the build goes through ninja (DS_ENABLE_NINJA=1)
 in a scratch project.
 
-argv: <setup.py> <project dir> <parallel> <ext>[:bad] ...   (`:bad` gives that extension a syntax error)
+argv: <setup.py> <project dir> <parallel> <ext>[:bad|:shared] ...   (`:bad` gives that extension a syntax
+error; `:shared` adds shared.c, a source that takes about a second to compile, to that extension's sources)
 Prints one line `RESULT {json}`: exit status, which extensions were built, where build.ninja files were
-written, and the lines naming a failed extension.
+written, the lines naming a failed extension, and each extension's span: from its first object file's
+modification time to its library's.
 """
 
 import ast
@@ -28,6 +30,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "%(name)s", NULL, -1,
 PyMODINIT_FUNC PyInit_%(name)s(void) { return PyModule_Create(&module); }
 %(broken)s
 """
+
+# About a second of compiling: long enough that two ops compiling it at once overlap.
+SHARED = "".join(f"int shared_{i}(int x) {{ return x * {i} + (x >> 3); }}\n" for i in range(2000))
 
 
 def build_ext_class(setup_py):
@@ -52,10 +57,11 @@ def main():
     project = Path(project)
     project.mkdir(parents=True, exist_ok=True)
     extensions = []
+    (project / "shared.c").write_text(SHARED)
     for spec in specs:
-        name, _, bad = spec.partition(":")
-        (project / f"{name}.c").write_text(SOURCE % {"name": name, "broken": "this is not C;" if bad else ""})
-        extensions.append(Extension(name, [f"{name}.c"]))
+        name, _, kind = spec.partition(":")
+        (project / f"{name}.c").write_text(SOURCE % {"name": name, "broken": "this is not C;" if kind == "bad" else ""})
+        extensions.append(Extension(name, [f"{name}.c", *(["shared.c"] if kind == "shared" else [])]))
     os.chdir(project)
     out = io.StringIO()
     status = 0
@@ -71,8 +77,13 @@ def main():
     built = sorted(p.name.split(".")[0] for p in project.glob("build/lib*/*.so"))
     ninja_files = sorted(str(p.relative_to(project / "build")) for p in project.glob("build/temp*/**/build.ninja"))
     failed_lines = [ln for ln in out.getvalue().splitlines() if "extension failed" in ln]
+    spans = {}
+    for library in project.glob("build/lib*/*.so"):
+        name = library.name.split(".")[0]
+        objects = [o.stat().st_mtime for o in project.glob(f"build/temp*/{name}/**/*.o")]
+        spans[name] = [min(objects, default=library.stat().st_mtime), library.stat().st_mtime]
     print("RESULT " + json.dumps({"status": status, "built": built, "ninja_files": ninja_files,
-                                  "failed_lines": failed_lines}))
+                                  "failed_lines": failed_lines, "spans": spans}))
 
 
 if __name__ == "__main__":
