@@ -13,10 +13,17 @@ from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.cluster.slurm import Allocation
-from mlstack_ds.cluster.srun_steps import CHECK_TIMEOUT_S, find_srun, on_each_node, on_node, stop_steps
+from mlstack_ds.cluster.srun_steps import (
+    CHECK_TIMEOUT_S,
+    SQUEUE_TIMEOUT_S,
+    find_srun,
+    on_each_node,
+    on_node,
+    stop_steps,
+)
 from mlstack_ds.cluster.tool import ToolRun, answered_code, parse_document, tool_argv, tool_timed_out
 from mlstack_ds.cluster.transport import ScriptAnswer
-from mlstack_ds.errors import EnvironmentProblem, ToolTimedOut
+from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolTimedOut
 
 # One step for all nodes starts and ends slower than one ssh call (slurmctld, slurmd and every task's
 # start), most under load: a script's time per node is given this much more as a whole step.
@@ -129,6 +136,21 @@ class SrunNodes:
     def copy_from(self, host: str, remote_paths: Sequence[Path], local_dir: Path) -> None:
         raise EnvironmentProblem(f"node {host}: srun copies no files back ({local_dir} is not on a file system it "
                                  "shares)", hint="put it on a file system every node sees (e.g. under $HOME)")
+
+    def lost(self) -> Mapping[str, str]:
+        """The nodes `sinfo` shows not responding (a `*` after the state: slurmctld's messages to that slurmd,
+        the step's cancel among them, get no answer) or down. No srun step: a lost node would hold it up."""
+        sinfo = runner.which("sinfo", path=self.env.get("PATH"))
+        if sinfo is None:
+            return {}
+        try:
+            out = runner.run([sinfo, "-h", "-N", "-n", ",".join(self.hosts), "-o", "%N %T"],
+                             timeout=SQUEUE_TIMEOUT_S, env=self.env)
+        except ToolError:
+            return {}
+        states = dict(line.split(None, 1) for line in out.stdout.splitlines() if len(line.split()) == 2)
+        return {host: f"does not answer Slurm (sinfo: {states[host]})" for host in self.hosts
+                if states.get(host, "").endswith("*") or states.get(host, "").startswith("down")}
 
     def stop(self, run_id: str) -> None:
         stop_steps(self.allocation.job_id, run_id, self.env)

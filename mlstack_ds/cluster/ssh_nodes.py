@@ -15,6 +15,8 @@ from mlstack_ds.cluster.tool import ToolRun, check_tool, run_tool
 from mlstack_ds.cluster.transport import ScriptAnswer
 from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
 
+LOST_CHECK_S = 30.0  # `ssh node hostname` after a failed launch: ssh's ConnectTimeout (10 s) and some load
+
 
 @dataclass(frozen=True)
 class SshNodes:
@@ -113,6 +115,12 @@ class SshNodes:
         """scp; its exit is not read: scp says no alike for a file that is not there and a node that is gone,
         and either way the caller reads what arrived."""
         remote.fetch_from(host, remote_paths, local_dir, env=self.env)
+
+    def lost(self) -> Mapping[str, str]:
+        """One `ssh node hostname` per node, all at once."""
+        answers = on_each(list(self.hosts),
+                          lambda host: remote.check_reachable(host, timeout=LOST_CHECK_S, env=self.env))
+        return {gone.host: f"is {self.no_answer}: {gone.reason}" for gone in answers if gone is not None}
 
     def stop(self, run_id: str) -> None:
         on_each(list(self.hosts), lambda host: remote.kill_marked(host, run_id, env=self.env))

@@ -104,6 +104,12 @@ class NodeTransport(Protocol):
         an error (a rank that never started wrote nothing); one that cannot be reached is."""
         ...
 
+    def lost(self) -> Mapping[str, str]:
+        """The nodes that no longer answer, and why (`not reachable over ssh: ...`), asked after a launch failed:
+        a node lost mid-run (its link or power gone) sends nothing, not even a reset, so the other ranks wait
+        for it until the stall rule stops them, and "timed out" alone would not say which node to look at."""
+        ...
+
     def stop(self, run_id: str) -> None:
         """Stop whatever of run `run_id` still runs on any node (best effort: a node that went away keeps
         what it has)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -136,6 +136,25 @@ def prepare(launch: NodeLaunch, python: Path, launch_dir: Path, *,
         others = "; ".join(problems[h].message for h in layout if h in problems)
         raise EnvironmentProblem(f"{len(problems)} nodes cannot take part: {others}", hint=first.hint)
     return nodes
+
+
+def all_shared(nodes: Sequence[Node]) -> bool:
+    """Whether every node sees this host's launch directory, so that the ranks' result files grow here while
+    they run (none copied, whose files come back only at the end)."""
+    return all(node.shared for node in nodes)
+
+
+def name_lost_nodes(transport: NodeTransport, outcome: LaunchOutcome) -> LaunchOutcome:
+    """`outcome` of a launch that failed, with the nodes that no longer answer (`NodeTransport.lost`) named
+    as what ended it (`ended_by`); asked only on failure, and only when nothing else is named already."""
+    if outcome.returncode == 0 or outcome.ended_by:
+        return outcome
+    with contextlib.suppress(EnvironmentProblem):
+        lost = transport.lost()
+        if lost:
+            named = "; ".join(f"node {host} {why}" for host, why in lost.items())
+            return replace(outcome, ended_by=f"{named} (lost during the launch)")
+    return outcome
 
 
 def finish(transport: NodeTransport, nodes: Sequence[Node], run_id: str, launch_dir: Path, results_dir: Path

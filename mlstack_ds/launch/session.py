@@ -51,6 +51,7 @@ class Launched:
     outcome: launcher.LaunchOutcome
     records: RankRecords
     nodes: tuple[nodes.Node, ...] = field(default_factory=tuple)
+    watched: bool = True  # the stall rule applied (`progress_visible`); else a fixed bound did
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -62,10 +63,11 @@ class LaunchInterrupted(KeyboardInterrupt):
         self.records = records
 
 
-def progress_visible(over: NodeLaunch | None) -> bool:
-    """Whether the ranks' result files grow here while they run: on one node, or where every node shares the
-    launch directory (srun); not over a hostfile, whose copied nodes' files are fetched at the end."""
-    return over is None or over.start.progress_visible
+def progress_visible(over: NodeLaunch | None, node_list: Sequence[nodes.Node]) -> bool:
+    """Whether the ranks' result files grow here while they run: on one node, where the launcher shares the
+    launch directory with every node (srun), or where every node of a hostfile shares it; not when a node
+    has a copy, whose files are fetched at the end."""
+    return over is None or over.start.progress_visible or nodes.all_shared(node_list)
 
 
 def results_progress(results: Path) -> tuple[tuple[str, int], ...]:
@@ -93,12 +95,13 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
                    over: NodeLaunch | None, timeout_s: float, extra_env: Mapping[str, str] | None = None,
                    status: Callable[[str], None] = lambda _m: None, prefix: str = "mlstack-launch-",
                    watch: Callable[[Path], AbstractContextManager[object]] | None = None,
-                   stall_s: float | None = None) -> Launched:
+                   stall_s: float | None = None, unwatched_timeout_s: float | None = None) -> Launched:
     """Run the worker (`worker_args(dirs)`: its module and arguments; files it needs go under `dirs.root`,
     which reaches every node) on `world_size` ranks here, or `over` several nodes (launch/nodes.py), for at
     most `timeout_s`; `watch(results)` runs around the launch itself (bench's progress lines). With
     `stall_s`, the launch is also stopped when no rank's result file changed for that long, where this
-    process sees those files as they are written (`progress_visible`); elsewhere `timeout_s` alone bounds it.
+    process sees those files as they are written (`progress_visible`); elsewhere `unwatched_timeout_s`
+    (default `timeout_s`) alone bounds it. A failed launch names the nodes lost meanwhile (`name_lost_nodes`).
 
     Raises what the node preparation raises (nothing has run then), LaunchInterrupted on Ctrl-C."""
     run_id = launcher.new_run_id()
@@ -109,19 +112,23 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
         args = worker_args(dirs)
         env = launcher.worker_env({**os.environ, **(extra_env or {})}, staged)
         progress = (lambda: results_progress(dirs.results)) if stall_s is not None else None
-        if not progress_visible(over):
-            stall_s = progress = None
         if over is None:
             argv = launcher.torchrun_argv(python, world_size, launcher.free_port(), args)
             node_list: list[nodes.Node] = []
         else:
             argv = over.start.argv(python, args, over.hosts, launch_dir=dirs.root, run_id=run_id, env=env)
             node_list = nodes.prepare(over, python, dirs.root, status=status)
+        watched = progress_visible(over, node_list)
+        if not watched:
+            stall_s = progress = None
+            timeout_s = unwatched_timeout_s if unwatched_timeout_s is not None else timeout_s
         try:
             with watch(dirs.results) if watch is not None else nullcontext():
                 # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
                 outcome = _run(over, argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged,
                                stall_s=stall_s, progress=progress)
+            if over is not None:
+                outcome = nodes.name_lost_nodes(over.transport, outcome)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
             _finish(over, node_list, dirs)
             raise LaunchInterrupted(read_records(dirs.results, world_size)) from None
@@ -130,7 +137,7 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
             raise
         _finish(over, node_list, dirs)
         records = read_records(dirs.results, world_size)
-    return Launched(tuple(argv), outcome, records, tuple(node_list))
+    return Launched(tuple(argv), outcome, records, tuple(node_list), watched and stall_s is not None)
 
 
 def _run(over: NodeLaunch | None, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str],

@@ -8,7 +8,9 @@ The time-out S is a stall rule where the ranks' progress can be seen while they 
 launch is stopped when no rank has reported anything for S s, and after S s per check (plus S for
 start-up) at most. A hang stops reporting, so it still ends S s after the last report; a machine busy with
 other work only slows the checks down. (A fixed 300 s for the whole suite is, by its timing, what failed
-all 19 checks of a healthy install, 76 s on a quiet machine, on one running three parallel builds.) Over a hostfile the
+all 19 checks of a healthy install, 76 s on a quiet machine, on one running three parallel builds.) Over a
+hostfile the same holds where every node shares the launch directory (a node ten times slower than the
+others, measured, takes longer than S in all and never S without a report); where a node has a copy, its
 ranks' files come back only at the end, so there S bounds the whole run.
 """
 
@@ -31,7 +33,7 @@ from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.errors import Interrupted, UsageError
 from mlstack_ds.launch import launcher, target, ways
 from mlstack_ds.launch.nodes import NodeLaunch
-from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers, progress_visible
+from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check, with_known_cause
 
@@ -83,20 +85,21 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
         (world_size,) = target.world_sizes(probe, (options.world_size,) if options.world_size else (),
                                            options.hostfile, hosts)
     over = ways.over_nodes(options.hostfile, hosts, allocation, os.environ)
-    watched = progress_visible(over)
+    watched = True  # until a launch finds it cannot see the ranks' progress (launch.session.progress_visible)
     deadline = started + options.timeout_s  # the whole run's, where progress is not watched
     results: list[CheckResult] = []
     launches: list[LaunchRecord] = []
     for group in launch_groups(specs, options.isolate):
-        bounds = launch_bounds(options.timeout_s, len(group), deadline - time.monotonic(), watched=watched)
+        remaining_s = deadline - time.monotonic()
+        bounds = launch_bounds(options.timeout_s, len(group), remaining_s, watched=watched)
         if bounds.ceiling_s <= 0:
             reason = f"timed out after {options.timeout_s:g} s (not started)"
             results += [CheckResult(s.name, "fail", reason, 0.0) for s in group]
             continue
         status(f"launching {len(group)} check(s) on {world_size} rank(s): {', '.join(s.name for s in group)}")
         try:
-            group_results, record = _run_group(python, group, world_size, over=over, options=options,
-                                               bounds=bounds, status=status)
+            group_results, record, watched = _run_group(python, group, world_size, over=over, options=options,
+                                                        bounds=bounds, unwatched_s=remaining_s, status=status)
         except _InterruptedGroup as stopped:
             done = results + stopped.finished
             raise Interrupted(
@@ -130,8 +133,10 @@ def launch_bounds(timeout_s: float, checks: int, remaining_s: float, *, watched:
 
 
 def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *, over: NodeLaunch | None,
-               options: VerifyOptions, bounds: LaunchBounds, status: Callable[[str], None],
-               ) -> tuple[list[CheckResult], LaunchRecord]:
+               options: VerifyOptions, bounds: LaunchBounds, unwatched_s: float, status: Callable[[str], None],
+               ) -> tuple[list[CheckResult], LaunchRecord, bool]:
+    """The group's results, its launch record, and whether the stall rule applied (`unwatched_s`, what is
+    left of the whole run's time-out, bounds a launch whose progress cannot be seen here)."""
     names = [s.name for s in group]
 
     def worker_args(dirs: LaunchDirs) -> list[str]:
@@ -145,7 +150,8 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *, ove
     try:
         launched = launch_workers(python, worker_args, world_size=world_size, over=over,
                                   timeout_s=bounds.ceiling_s, stall_s=bounds.stall_s,
-                                  extra_env=options.extra_env, status=status, prefix="mlstack-verify-")
+                                  extra_env=options.extra_env, status=status, prefix="mlstack-verify-",
+                                  unwatched_timeout_s=unwatched_s)
     except LaunchInterrupted as stopped:  # keep the checks every rank had finished
         logs = rank_logs(stopped.records, world_size)
         finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})
@@ -153,7 +159,9 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *, ove
         raise _InterruptedGroup(finished) from None
     outcome = launched.outcome
     logs = rank_logs(launched.records, world_size)
-    named_s = bounds.stall_s if outcome.stalled and bounds.stall_s is not None else bounds.named_s
+    named_s = bounds.named_s if launched.watched else options.timeout_s
+    if outcome.stalled and bounds.stall_s is not None:
+        named_s = bounds.stall_s
     results = []
     for name in names:
         per_rank = {rank: log.results[name] for rank, log in logs.items() if name in log.results}
@@ -163,7 +171,7 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *, ove
     record = LaunchRecord(launched.argv, tuple(names), outcome.returncode, round(outcome.duration_s, 3),
                           outcome.timed_out, outcome.log_tail if _any_failed(results) else "",
                           tuple(n.to_json() for n in launched.nodes))
-    return results, record
+    return results, record, launched.watched
 
 
 @dataclass(frozen=True)
@@ -211,13 +219,13 @@ def _any_failed(results: Sequence[CheckResult]) -> bool:
 
 def _why_missing(name: str, log: RankLog, rank: int, outcome: launcher.LaunchOutcome,
                  timeout_s: float) -> str:
+    code = outcome.rank_exit_codes.get(rank)
+    if outcome.ended_by:  # before the time-out: a lost node is why the others stopped reporting
+        return f"{outcome.ended_by} ({f'exit code {code}' if code is not None else 'while it ran'})"
     if outcome.timed_out:
         where = "while running it" if log.begun and log.begun[-1] == name else "before reaching it"
         how = " with no rank reporting" if outcome.stalled else ""
         return f"timed out after {timeout_s:g} s{how} ({where})"
-    code = outcome.rank_exit_codes.get(rank)
-    if outcome.ended_by:
-        return f"{outcome.ended_by} ({f'exit code {code}' if code is not None else 'while it ran'})"
     culprits = sorted((r, c) for r, c in outcome.rank_exit_codes.items() if r != rank and c > 0)
     if culprits and (code is None or code < 0):
         culprit, culprit_code = culprits[0]

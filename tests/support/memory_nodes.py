@@ -89,5 +89,9 @@ class MemoryNodes:
             for found in sorted(kept.glob(pattern.name)) if kept is not None else ():
                 shutil.copy2(found, local_dir / found.name)
 
+    def lost(self) -> Mapping[str, str]:
+        self.calls.append(("lost",))
+        return {host: f"is {self.no_answer}" for host in self.hosts if host in self.unreachable}
+
     def stop(self, run_id: str) -> None:
         self.calls.append(("stop", run_id))

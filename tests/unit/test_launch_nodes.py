@@ -133,12 +133,27 @@ def test_a_launch_over_nodes_reads_every_ranks_records_the_shared_and_the_copied
     node_b = tmp_path / "node-b"
     transport = MemoryNodes(("a", "b"), shared_with("a"), node_files={"b": node_b})
     over = launch_over(transport, [HostEntry("a", 1), HostEntry("b", 1)], LocalStart(node_b))
-    assert not progress_visible(over) and progress_visible(None)
+    shared, copied = nodes.Node("a", (0,), True, "local"), nodes.Node("b", (1,), False, "local")
+    assert not progress_visible(over, [shared, copied]) and progress_visible(None, [])
+    assert progress_visible(over, [shared])  # every node shares the launch directory: the stall rule can watch
     launched = launch_workers(PYTHON, lambda dirs: [str(dirs.results), str(node_b)], world_size=2, over=over,
                               timeout_s=120, stall_s=60)
     assert launched.outcome.returncode == 0, launched.outcome.log_tail
     assert {rank: [r["event"] for r in records] for rank, records in launched.records.ranks.items()} == {
         0: ["hello"], 1: ["hello"]}
     assert [n.to_json()["files"] for n in launched.nodes] == ["shared", "copied"]
+    assert launched.watched is False  # node b's files come back only at the end: timeout_s bounded it
     stops = [call for call in transport.calls if call[0] == "stop"]
     assert len(stops) == 1 and stops[0][1].startswith("mlstack-verify-")
+
+
+def test_a_failed_launch_names_the_nodes_that_no_longer_answer() -> None:
+    """A node lost mid-launch sends nothing; the others wait until the stall rule stops them. The outcome then
+    names the lost node, asked once after the failure; a launch that passed asks nothing."""
+    transport = MemoryNodes(("a", "b"), shared_with("a"), unreachable=frozenset({"b"}))
+    stalled = launcher.LaunchOutcome(None, 150.0, True, "", stalled=True)
+    named = nodes.name_lost_nodes(transport, stalled)
+    assert named.ended_by == "node b is not reachable in memory (lost during the launch)"
+    passed = launcher.LaunchOutcome(0, 10.0, False, "")
+    assert nodes.name_lost_nodes(transport, passed) is passed
+    assert transport.calls == [("lost",)]

@@ -62,3 +62,12 @@ def test_a_slurm_time_limit_is_named_not_a_dead_rank() -> None:
     outcome = LaunchOutcome(143, 90.0, False, "srun: error: mls-node-b: task 1: Terminated", {0: -15, 1: -15},
                             ended_by=limit)
     assert _why_missing("zero1", rank_log("zero1"), 1, outcome, 900) == f"{limit} (exit code -15)"
+
+
+def test_a_lost_node_is_named_not_the_stall_it_caused() -> None:
+    """A node lost mid-launch leaves the others waiting until the stall rule stops them: the reason names
+    the node (what to look at), not only the time-out."""
+    lost = "node mls-node-b is not reachable over ssh: connect to host 10.213.77.2 port 22: Connection timed out"
+    outcome = LaunchOutcome(None, 150.0, True, "", stalled=True, ended_by=f"{lost} (lost during the launch)")
+    assert _why_missing("zero1", rank_log("zero1"), 0, outcome, 120) == (
+        f"{lost} (lost during the launch) (while it ran)")

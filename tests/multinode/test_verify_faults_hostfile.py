@@ -1,0 +1,97 @@
+"""Faults across the nodes of `verify --hostfile`, for real (tests/support/node_faults.py): a node lost while the
+ranks train, and a node ten times slower than the other.
+
+The check is `zero1`, the cheapest that trains across both nodes (a DeepSpeed engine per rank, its steps
+all-reducing over gloo). The two hosts share one file system, so the ranks' result files are seen here
+while they run: that is what the tests wait on (never a fixed sleep), and what verify's stall rule
+watches. The stall time S is `--timeout`; it is far above the longest pause between two reports of a
+healthy run (the ranks' imports, on a busy machine well under a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.cli import cli_argv, start_cli
+from support.node_faults import cpu_cgroup_missing, cpu_throttled, lose_node_mid_check
+from support.target_env import TargetVenv
+from support.two_hosts import REPO_ROOT, TwoHosts, head_cli, two_hosts
+
+from mlstack_ds.errors import ExitCode
+
+pytestmark = pytest.mark.slow
+
+STALL_S = 120  # verify's --timeout: the stall rule's S
+CLEANUP_S = 120  # after the stall: ssh to the lost node (ConnectTimeout 10 s per attempt), the sweep, under load
+SLOW_FRACTION = 0.1  # the slow node's CPU quota: a tenth of one CPU
+
+
+def verify_env(hosts: TwoHosts, tmpdir: Path) -> dict[str, str]:
+    """The CLI's environment on the head: this checkout's tool, its launch directory under `tmpdir`."""
+    return hosts.env({**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200", "TMPDIR": str(tmpdir)})
+
+
+def zero1_rows(report: dict) -> list[tuple[str, str, dict]]:
+    return [(c["name"], c["status"], c["ranks"]) for c in report["checks"]]
+
+
+def test_a_node_lost_mid_verify_is_named_and_nothing_is_left(tmp_path: Path, target_venv: TargetVenv) -> None:
+    """Node b's link goes down once both ranks train: verify ends S s after the last report (the stall
+    rule: the ranks' result files stop changing; not the worker's own collective time-out, S + 30 s, nor
+    a whole-run limit), its check fails naming node b, and no process of the run is left on node a. When
+    the link is back, node b has nothing of the run either.
+
+    Caveat of this harness: the hosts share one PID namespace, so verify's own sweep on the head (by the
+    run id in every rank's environment) also reaches node b's processes; on a real cluster node b's rank
+    ends by itself at its collective time-out (S + 30 s) and its launcher with it (parent-death signal)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    with two_hosts(tmp_path / "hosts") as hosts:
+        head, lost = hosts.hosts
+        cli = start_cli("verify", "--hostfile", hosts.hostfile(1), "--python", target_venv.python, "--only", "zero1",
+                        "--timeout", str(STALL_S), "--json", prefix=hosts.on(head, []),
+                        base_env=verify_env(hosts, tmpdir), cwd=REPO_ROOT)
+        run = lose_node_mid_check(cli, lost, tmpdir, "zero1", timeout=STALL_S + CLEANUP_S + 300,
+                                  survivors=lambda: hosts.processes(head))
+        assert run.returncode == ExitCode.VERIFY, run.stderr[-3000:]
+        assert run.left == [], "processes of the run left on the head node"
+        (check,) = json.loads(run.stdout)["checks"]
+        sys.stderr.write(f"\n[node lost] verify ended {run.took_s:.0f} s after the link went down: {check['reason']}\n")
+        assert check["status"] == "fail"
+        assert check["reason"].count("\n") == 0, check["reason"]
+        assert "node mls-node-b is not reachable over ssh" in check["reason"], check["reason"]
+        assert run.took_s < STALL_S + CLEANUP_S, f"verify took {run.took_s:.0f} s after the link went down"
+        deadline = time.monotonic() + 120
+        while hosts.processes(lost):  # the link is up again
+            assert time.monotonic() < deadline, f"processes of the run left on {lost.name}"
+            time.sleep(0.5)
+
+
+@pytest.mark.skipif(bool(cpu_cgroup_missing()), reason=cpu_cgroup_missing() or "")
+def test_a_node_ten_times_slower_passes_with_the_same_results(tmp_path: Path, target_venv: TargetVenv) -> None:
+    """Node b's sshd, and so its launcher and rank, at a tenth of one CPU: zero1 takes several times as long,
+    longer than S in all, yet no pause between two reports reaches S, so verify passes with the results of
+    the unthrottled run. Before the fix a hostfile run had S for the whole run and failed here."""
+    with two_hosts(tmp_path / "hosts") as hosts:
+        env = verify_env(hosts, tmp_path)
+        args = ("verify", "--hostfile", hosts.hostfile(1), "--python", target_venv.python, "--only", "zero1",
+                "--timeout", str(STALL_S), "--json")
+        quick = head_cli(hosts, *args, env={"TMPDIR": str(tmp_path)})
+        assert quick.returncode == 0, quick.stderr[-3000:]
+        with cpu_throttled(hosts.hosts[1].pid, SLOW_FRACTION):
+            started = time.monotonic()
+            slow = subprocess.run(hosts.on(hosts.hosts[0], cli_argv(*args)), capture_output=True, text=True,
+                                  env=env, cwd=REPO_ROOT, timeout=3600)
+            took = time.monotonic() - started
+    sys.stderr.write(f"\n[slow node] {took:.0f} s throttled\n")
+    assert slow.returncode == 0, (took, slow.stderr[-3000:], slow.stdout[-3000:])
+    assert zero1_rows(json.loads(slow.stdout)) == zero1_rows(quick.json) == [
+        ("zero1", "pass", {"0": "pass", "1": "pass"})]
+    assert took > STALL_S, f"the slow run took {took:.0f} s: not slow enough to prove the stall rule decides"
+
