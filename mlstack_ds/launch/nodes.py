@@ -51,6 +51,13 @@ class RankStart(Protocol):
         so that a stall can be told from progress; otherwise the files come back at the end."""
         ...
 
+    @property
+    def stops_its_ranks(self) -> bool:
+        """Whether `run` leaves nothing of the launch on any node (srun: the step is the ranks, and it is
+        cancelled until Slurm lists it no more), so that `finish` need not stop them again: for a lost node
+        that second stop would wait out the step's cancel once more (120 s measured in the lost-node test)."""
+        ...
+
     def argv(self, python: Path, args: Sequence[str], hosts: Sequence[HostEntry], *, launch_dir: Path,
              run_id: str, env: dict[str, str]) -> list[str]:
         """The launcher's argv for the worker (`args`) on `hosts`, once the launcher is known to be here; may
@@ -157,13 +164,14 @@ def name_lost_nodes(transport: NodeTransport, outcome: LaunchOutcome) -> LaunchO
     return outcome
 
 
-def finish(transport: NodeTransport, nodes: Sequence[Node], run_id: str, launch_dir: Path, results_dir: Path
-           ) -> None:
-    """After the launch: stop what still runs of it on every node, then fetch the copied nodes' rank files
-    (final, since their writers are gone) and remove their copies. Best effort: a node that went away keeps
-    what it has."""
-    with contextlib.suppress(EnvironmentProblem):
-        transport.stop(run_id)
+def finish(transport: NodeTransport, nodes: Sequence[Node], run_id: str, launch_dir: Path, results_dir: Path,
+           *, stop: bool = True) -> None:
+    """After the launch: stop what still runs of it on every node (unless the launcher did: `stop`), then
+    fetch the copied nodes' rank files (final, since their writers are gone) and remove their copies. Best
+    effort: a node that went away keeps what it has."""
+    if stop:
+        with contextlib.suppress(EnvironmentProblem):
+            transport.stop(run_id)
 
     def fetch_and_remove(node: Node) -> None:
         with contextlib.suppress(EnvironmentProblem):

@@ -36,6 +36,7 @@ class PdshStart:
     hostfile: Path
     name: str = "pdsh"
     progress_visible: bool = False  # the ranks' files of a copied node come back only at the end
+    stops_its_ranks: bool = False  # a rank on another node outlives the launcher: finish stops it
 
     def argv(self, python: Path, args: Sequence[str], hosts: Sequence[HostEntry], *, launch_dir: Path,
              run_id: str, env: dict[str, str]) -> list[str]:

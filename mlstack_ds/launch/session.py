@@ -151,4 +151,5 @@ def _run(over: NodeLaunch | None, argv: Sequence[str], *, timeout_s: float, run_
 
 def _finish(over: NodeLaunch | None, node_list: Sequence[nodes.Node], dirs: LaunchDirs) -> None:
     if over is not None:
-        nodes.finish(over.transport, node_list, dirs.run_id, dirs.root, dirs.results)
+        nodes.finish(over.transport, node_list, dirs.run_id, dirs.root, dirs.results,
+                     stop=not over.start.stops_its_ranks)

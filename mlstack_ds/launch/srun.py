@@ -44,6 +44,7 @@ class SrunStart:
     allocation: Allocation
     name: str = "srun"
     progress_visible: bool = True  # srun copies nothing: the launch directory is on a file system all share
+    stops_its_ranks: bool = True  # run_step cancels the step until squeue lists it no more
 
     def argv(self, python: Path, args: Sequence[str], hosts: Sequence[HostEntry], *, launch_dir: Path,
              run_id: str, env: dict[str, str]) -> list[str]:

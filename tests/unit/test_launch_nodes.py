@@ -34,6 +34,7 @@ class LocalStart:
     node_b: Path
     name: str = "local"
     progress_visible: bool = False
+    stops_its_ranks: bool = False
 
     def argv(self, python: Path, args: Sequence[str], hosts: Sequence[HostEntry], *, launch_dir: Path,
              run_id: str, env: dict[str, str]) -> list[str]:
@@ -157,3 +158,17 @@ def test_a_failed_launch_names_the_nodes_that_no_longer_answer() -> None:
     passed = launcher.LaunchOutcome(0, 10.0, False, "")
     assert nodes.name_lost_nodes(transport, passed) is passed
     assert transport.calls == [("lost",)]
+
+
+def test_a_launcher_that_stops_its_ranks_is_not_stopped_twice(tmp_path: Path) -> None:
+    """srun's run cancels its step until Slurm lists it no more; a second stop after it would wait out a lost
+    node's cancel again (the Slurm lost-node test: 370 s where 250 s were enough)."""
+    node_b = tmp_path / "node-b"
+    transport = MemoryNodes(("a", "b"), shared_with("a"), node_files={"b": node_b})
+    over = launch_over(transport, [HostEntry("a", 1), HostEntry("b", 1)],
+                       LocalStart(node_b, stops_its_ranks=True))
+    launched = launch_workers(PYTHON, lambda dirs: [str(dirs.results), str(node_b)], world_size=2, over=over,
+                              timeout_s=120, stall_s=60)
+    assert launched.outcome.returncode == 0, launched.outcome.log_tail
+    assert not [call for call in transport.calls if call[0] == "stop"]
+    assert ("b", "copy_from", protocol.RESULTS_GLOB) in transport.calls  # the rest of finish still runs
