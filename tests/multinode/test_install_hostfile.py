@@ -175,8 +175,8 @@ def test_install_then_verify_across_the_nodes(two_hosts_shared: TwoHosts, target
     assert zero_checks and all(c["status"] == "pass" and c["ranks"] == {"0": "pass", "1": "pass"}
                                for c in zero_checks), zero_checks
     assert report["nodes"] == [
-        {"host": "mls-node-a", "ranks": [0], "files": "shared", "failed": [], "ok": True},
-        {"host": "mls-node-b", "ranks": [1], "files": "shared", "failed": [], "ok": True},
+        {"host": "mls-node-a", "ranks": [0], "files": "shared", "launcher": "pdsh", "failed": [], "ok": True},
+        {"host": "mls-node-b", "ranks": [1], "files": "shared", "launcher": "pdsh", "failed": [], "ok": True},
     ]
     assert "mls-node-b: reachable, ranks 1, shared file system" in result.stderr  # one progress line per node
 
