@@ -50,9 +50,15 @@ XDIST=()
 if [[ $WORKERS != 0 ]]; then
   XDIST=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
 fi
+# Where the time went (tests/support/run_timeline.py): each test phase's worker, span and CPU, summarised at
+# the end, so a run over budget (CI's log included) says which worker and which tests made it so.
+export MLSTACK_TEST_TIMELINE=${MLSTACK_TEST_TIMELINE:-$PWD/.cache/test/timeline.jsonl}
+mkdir -p "$(dirname "$MLSTACK_TEST_TIMELINE")"
+: >"$MLSTACK_TEST_TIMELINE"
 set +e
 "$VENV/bin/python" -m pytest "${XDIST[@]}" "$@"
 rc=$?
+"$VENV/bin/python" tests/support/run_timeline.py "$MLSTACK_TEST_TIMELINE"
 set -e
 if [[ $rc -eq 5 ]]; then
   echo "test.sh: pytest collected no tests; that is a failure" >&2

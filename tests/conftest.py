@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import isolated_home
+from support import isolated_home, run_timeline
 from support.cold_install import (
     INSTALLED_NEXT_TARGET_FIXTURE,
     INSTALLED_TARGET_FIXTURE,
@@ -231,8 +231,8 @@ OWN_HOME = pytest.StashKey[Path]()
 
 def pytest_configure(config: pytest.Config) -> None:
     """The run's first process gives it a HOME of its own (support/isolated_home.py; xdist's workers inherit
-    it). The failures log is written by the process that sees every report: pytest's own, or xdist's
-    controller (its workers pass their reports to it)."""
+    it). The failures log and the timeline (support/run_timeline.py) are written by the process that sees
+    every report: pytest's own, or xdist's controller (its workers pass their reports to it)."""
     if isolated_home.MARKER not in os.environ:
         home = Path(tempfile.mkdtemp(prefix="mlstack-test-home-"))
         config.stash[OWN_HOME] = home
@@ -242,6 +242,11 @@ def pytest_configure(config: pytest.Config) -> None:
     log = os.environ.get(FAILURES_LOG_ENV)
     if log and not hasattr(config, "workerinput"):
         config.pluginmanager.register(FailuresLog(log), "mlstack-failures-log")
+    timeline = os.environ.get(run_timeline.TIMELINE_ENV)
+    if timeline:
+        config.pluginmanager.register(run_timeline.PhaseCpu(), "mlstack-phase-cpu")
+        if not hasattr(config, "workerinput"):
+            config.pluginmanager.register(run_timeline.TimelineLog(timeline), "mlstack-timeline")
 
 
 REUSED_TARGET_ENV = "MLSTACK_TEST_TARGET_VENV"

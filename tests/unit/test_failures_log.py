@@ -26,7 +26,8 @@ def test_failures_are_logged_as_they_happen_even_if_the_run_is_killed(tmp_path: 
     log = tmp_path / "failures.log"
     env = {**os.environ, "MLSTACK_TEST_FAILURES_LOG": str(log), "PYTHONPATH": str(TESTS)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
-                           "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
+                           "--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "basetemp"),
+                           str(tmp_path / "test_sample.py")],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == -9, done.stdout[-2000:] + done.stderr[-2000:]
     assert "arithmetic under load" not in done.stdout  # pytest itself never got to print it
