@@ -28,7 +28,7 @@ def test_next_series_applies_to_its_sdist_with_no_offset_or_fuzz(next_pristine_t
     series = series_for_recipe(find_recipe("deepspeed-0.19.8"))
     assert [p.name[:4] for p in series.patches] == ["0010", "0011", "0012", "0013", "0014", "0015", "0016",
                                                      "0017", "0018", "0019", "0020", "0021", "0022", "0023",
-                                                     "0024"]
+                                                     "0024", "0025"]
     for patch in series.patches:
         result = subprocess.run(["git", "apply", "--verbose", str(patch.path)], cwd=tree, capture_output=True,
                                 text=True, check=False)
@@ -43,4 +43,5 @@ def test_next_series_applies_to_its_sdist_with_no_offset_or_fuzz(next_pristine_t
     assert "def rocm_tool_paths" in (fresh / "deepspeed/ops/op_builder/builder.py").read_text()
     assert "def split_compute_capability" in (fresh / "deepspeed/ops/op_builder/builder.py").read_text()
     assert "must be a non-negative integer" in (fresh / "deepspeed/runtime/lr_schedules.py").read_text()
+    assert "def same_compiles(ext)" in (fresh / "setup.py").read_text()
     assert "released_own" in (fresh / "deepspeed/runtime/zero/partitioned_param_coordinator.py").read_text()
