@@ -103,7 +103,7 @@ def runs_with_xdist(config: pytest.Config) -> bool:
 
 
 def reads_target_only(item: pytest.Item) -> bool:
-    return item.get_closest_marker(READS_TARGET) is not None and MULTINODE_DIR not in Path(str(item.path)).parents
+    return item.get_closest_marker(READS_TARGET) is not None
 
 
 def needs_serial_group(item: pytest.Item) -> bool:
@@ -173,14 +173,23 @@ def target_access(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under xdist, the default pin's installed target is read by the tests marked `reads_target` on both
     workers while the serial group's tests change it: the readers hold a shared lock on it for the test,
     the others an exclusive one."""
-    if not (runs_with_xdist(request.config) and needs_fixture(request.node, INSTALLED_TARGET_FIXTURE)):
+    mode = target_lock_mode(request.node)
+    if not runs_with_xdist(request.config) or mode is None:
         yield
         return
-    mode = fcntl.LOCK_SH if reads_target_only(request.node) else fcntl.LOCK_EX
     lock = run_directory(request.config, request.getfixturevalue("tmp_path_factory")) / "installed-target.lock"
     with open(lock, "w", encoding="utf-8") as handle:
         fcntl.flock(handle, mode)
         yield
+
+
+def target_lock_mode(item: pytest.Item) -> int | None:
+    """How `item` holds the installed target under xdist: shared when it only reads it (marked `reads_target`,
+    which the multi-node tests are too: they run it, or copy it to install into), exclusive when it may change
+    it, None when it does not need it."""
+    if not needs_fixture(item, INSTALLED_TARGET_FIXTURE):
+        return None
+    return fcntl.LOCK_SH if reads_target_only(item) else fcntl.LOCK_EX
 
 
 def run_directory(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:

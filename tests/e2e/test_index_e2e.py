@@ -25,7 +25,7 @@ from support.target_env import overlay_venv
 from mlstack_ds.index.publish import regenerate
 from mlstack_ds.launch.launcher import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # publishes and bundles its cached wheel
 
 PLANNED_OPS = ["async_io", "cpu_adam", "deepspeed_shm_comm", "fused_adam", "pin_memory"]
 

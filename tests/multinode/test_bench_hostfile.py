@@ -9,7 +9,7 @@ import pytest
 from support.target_env import TargetVenv
 from support.two_hosts import TwoHosts, head_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
 
 
 def test_a_zero_stage_runs_across_two_nodes(two_hosts_shared: TwoHosts, target_venv: TargetVenv) -> None:

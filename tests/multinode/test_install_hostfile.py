@@ -25,6 +25,8 @@ from support.two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli, h
 from mlstack_ds import __version__
 from mlstack_ds.verify.checks import select_checks
 
+pytestmark = pytest.mark.reads_target  # installs into copies of the installed target, never into it
+
 
 def node_status(hosts: TwoHosts, host: Host, python: Path) -> dict:
     """`status` run on `host` itself (its mounts: its own copy of a node-local venv)."""

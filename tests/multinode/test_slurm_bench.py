@@ -17,7 +17,7 @@ from support.two_hosts import REPO_ROOT
 
 from mlstack_ds.errors import ExitCode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
 
 
 def bench(slurm: SlurmCluster, *args: str | os.PathLike[str]) -> tuple[int, dict, str]:

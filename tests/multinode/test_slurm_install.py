@@ -28,7 +28,7 @@ from support.two_hosts import NODE_NAMES, REPO_ROOT, TwoHosts
 
 from mlstack_ds.errors import ExitCode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
 
 
 @pytest.fixture(scope="module")

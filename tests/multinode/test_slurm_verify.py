@@ -23,7 +23,7 @@ from support.two_hosts import REPO_ROOT
 
 from mlstack_ds.errors import ExitCode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
 
 ZERO = ("zero1", "zero2", "zero3")
 LEFTOVER_BOUND = 120  # seconds for Slurm's cleanup (KillWait 5 s) under a load of 15+

@@ -25,7 +25,7 @@ from support.two_hosts import REPO_ROOT, TwoHosts, head_cli, two_hosts
 
 from mlstack_ds.errors import ExitCode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
 
 STALL_S = 120  # verify's --timeout: the stall rule's S
 CLEANUP_S = 120  # after the stall: ssh to the lost node (ConnectTimeout 10 s per attempt), the sweep, under load

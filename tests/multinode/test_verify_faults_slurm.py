@@ -25,7 +25,7 @@ from support.two_hosts import REPO_ROOT
 
 from mlstack_ds.errors import ExitCode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
 
 STALL_S = 120  # verify's --timeout: the stall rule's S
 # after the stall: srun's SIGTERM grace (30 s), the step's cancel (up to 120 s while a node does not answer)

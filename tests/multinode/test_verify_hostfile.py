@@ -26,7 +26,7 @@ from support.two_hosts import REPO_ROOT, TwoHosts, head_cli, scratch_dir, two_ho
 
 from mlstack_ds.errors import ExitCode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
 
 
 def verify_json(hosts: TwoHosts, python: Path, *args: str, env: dict[str, str] | None = None,
