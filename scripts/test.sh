@@ -43,7 +43,7 @@ fi
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/.cache/test/ccache}
 # Two workers (pytest-xdist): much of the suite waits (on sleeps, time-outs, Slurm, ssh, pip) rather than
 # computes, so a second worker fills the cores. tests/conftest.py groups what must share one process
-# (the multi-node harness, the second pin, the tests that change the installed target: SERIAL_GROUP) and
+# (the second pin, the tests that change the installed target: SERIAL_GROUP; each multi-node harness) and
 # orders the groups itself (the serial group first, the target's readers last). MLSTACK_TEST_WORKERS=0: one process.
 WORKERS=${MLSTACK_TEST_WORKERS:-2}
 XDIST=()

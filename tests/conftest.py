@@ -85,14 +85,16 @@ def slow_fixtures(item: pytest.Item) -> set[str]:
 
 
 # Under pytest-xdist (scripts/test.sh runs two workers), the tests that must run one at a time in one process
-# form one group: the multi-node tests (one pair of network-namespace hosts and one Slurm cluster serve them
-# all), the second pin's (its install runs in the process that needs it) and the tests that change the default
-# pin's installed target (install into it, roll it back, break it). The tests that only read that target
-# (marked `reads_target`) run on either worker, once the first process to need the target has installed it
-# (support/cold_install.py: InstallHandoff), and a lock on the target (`target_access`) keeps them apart from
-# the changes. Every other test is grouped with its file, or with the costly session fixture it shares
+# form one group: the second pin's (its install runs in the process that needs it) and the tests that change
+# the default pin's installed target (install into it, roll it back, break it). The tests that only read that
+# target (marked `reads_target`) run on either worker, once the first process to need the target has installed
+# it (support/cold_install.py: InstallHandoff), and a lock on the target (`target_access`) keeps them apart from
+# the changes. The multi-node tests form two groups, by the harness they share (NODE_GROUPS: the two hosts
+# over ssh, the Slurm cluster; each process makes its own, in namespaces of its own, so the two run side by
+# side). Every other test is grouped with its file, or with the costly session fixture it shares
 # (SHARED_FIXTURE_GROUPS), so such fixtures are made once.
-SERIAL_GROUP = "targets-and-nodes"
+SERIAL_GROUP = "installed-targets"
+NODE_GROUPS = (("slurm", "nodes-over-slurm"), ("", "nodes-over-ssh"))  # (fixture, group); "": the rest
 SHARED_FIXTURE_GROUPS = ("made_bundle",)  # tests/integration/conftest.py: a real bundle, a minute to make
 MULTINODE_DIR = Path(__file__).parent / "multinode"
 READS_TARGET = "reads_target"
@@ -107,7 +109,7 @@ def reads_target_only(item: pytest.Item) -> bool:
 
 
 def needs_serial_group(item: pytest.Item) -> bool:
-    if MULTINODE_DIR in Path(str(item.path)).parents or needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE):
+    if needs_fixture(item, INSTALLED_NEXT_TARGET_FIXTURE):
         return True
     return needs_fixture(item, INSTALLED_TARGET_FIXTURE) and not reads_target_only(item)
 
@@ -115,14 +117,17 @@ def needs_serial_group(item: pytest.Item) -> bool:
 def xdist_group(item: pytest.Item) -> str:
     if needs_serial_group(item):
         return SERIAL_GROUP
+    if MULTINODE_DIR in Path(str(item.path)).parents:
+        return next(group for fixture, group in NODE_GROUPS if not fixture or needs_fixture(item, fixture))
     shared = [name for name in SHARED_FIXTURE_GROUPS if needs_fixture(item, name)]
     return shared[0] if shared else item.nodeid.split("::", 1)[0]
 
 
 def order_for_workers(items: list[pytest.Item]) -> list[pytest.Item]:
     """The order xdist hands groups out in (scripts/test.sh passes `--no-loadscope-reorder`): the serial group
-    first, as it is the longest and starts the installs; then the other groups, largest first (xdist's own
-    order); then the groups that read the installed target, which wait for the install."""
+    first, as it starts the installs and waits on both; then the other groups, largest first (xdist's own
+    order); then the groups that need the installed target (the readers, the multi-node groups), which wait
+    for the install once their tests that need none have run."""
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
         groups.setdefault(xdist_group(item), []).append(item)

@@ -1,7 +1,8 @@
-"""How each test holds the installed target under xdist (tests/conftest.py: target_lock_mode): the multi-node
-tests only copy or run it, so they share it with the other worker's readers instead of stopping them for
-the half hour they run; they still run in the serial group (one harness). A test that changes the target
-(install into it, roll it back) holds it alone."""
+"""Where each test runs under xdist and how it holds the installed target (tests/conftest.py: xdist_group,
+target_lock_mode): the multi-node tests only copy or run it, so they share it with the readers instead of
+stopping them for the half hour they run, in two groups of their own, one per harness, off the serial group
+that installs and changes the target. A test that changes the target (install into it, roll it back) holds
+it alone."""
 
 from __future__ import annotations
 
@@ -43,8 +44,11 @@ def test_multinode_tests_share_the_target_and_changes_hold_it_alone(tmp_path: Pa
     holding = {k: mode for k, (mode, _) in multinode.items() if mode is not None}
     assert len(holding) >= 20, holding  # the install, verify and bench tests over both transports
     assert set(holding.values()) == {fcntl.LOCK_SH}, {k: m for k, m in holding.items() if m != fcntl.LOCK_SH}
-    assert {group for _, group in multinode.values()} == {"targets-and-nodes"}
+    slurm = {k for k, (_, group) in multinode.items() if group == "nodes-over-slurm"}
+    assert {group for _, group in multinode.values()} == {"nodes-over-ssh", "nodes-over-slurm"}
+    assert "tests/multinode/test_slurm_cluster.py::test_cluster_is_up_with_both_nodes_idle" in slurm
+    assert not any(k.startswith("tests/multinode/test_install_hostfile.py") for k in slurm)
     rollback = modes["tests/e2e/test_install_e2e.py::test_rollback_then_reinstall_from_cache"]
-    assert rollback == [fcntl.LOCK_EX, "targets-and-nodes"]
+    assert rollback == [fcntl.LOCK_EX, "installed-targets"]
     index = [v for k, v in modes.items() if k.startswith("tests/e2e/test_index_e2e.py::")]
     assert index and all(v == [fcntl.LOCK_SH, "tests/e2e/test_index_e2e.py"] for v in index), index
