@@ -6,7 +6,8 @@ each phase's report becomes one JSON line there as it happens (so a killed run k
 `summarise` turns the lines into the few numbers that say where the time went (scripts/test_timeline.py).
 
 The CPU of a phase is the growth of this process's own CPU time and its reaped children's (getrusage): a
-child reaped later (a background install's) counts towards the phase that reaped it.
+child reaped later (a background install's) counts towards the phase that reaped it, and what a daemon
+starts for a test (sshd's or slurmd's processes on the two-host harness) counts nowhere.
 """
 
 from __future__ import annotations
