@@ -5,6 +5,9 @@ connect time-out: DeepSpeed's launcher checks each host with its own `ssh <host>
 `ssh` the same way, so whatever makes those work (`~/.ssh/config`, an agent, a wrapper first on PATH)
 makes this work too, and a node this module cannot reach is one the launch could not reach either.
 BatchMode makes a missing key an error instead of a password prompt that would hang a non-interactive run.
+ServerAlive makes a node that goes away mid-command (its link down, powered off) an ssh failure within
+about a minute (SERVER_ALIVE_S), instead of a connection that waits out the command's whole time-out (an
+hour for a node's install): the run then names the node and rolls the others back.
 Remote commands are argv lists joined with `shlex.join` (ssh hands the remote shell one string).
 """
 
@@ -19,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds import runner
-from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolMissing, ToolTimedOut
+from mlstack_ds.errors import EnvironmentProblem, NodeLost, ToolError, ToolMissing, ToolTimedOut
 
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+SERVER_ALIVE_S = (15, 4)  # a keepalive every 15 s; 4 unanswered ones: the node is gone
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", f"ServerAliveInterval={SERVER_ALIVE_S[0]}",
+               "-o", f"ServerAliveCountMax={SERVER_ALIVE_S[1]}")
+STOP_GRACE_S = 120  # a stopped node's tool finishes the package swap it is in (pip under load) before it exits
 DEFAULT_TIMEOUT_S = 60.0
 # ssh sessions at once when every node is asked the same (sshd's default MaxStartups 10:30:100 limits
 # unauthenticated connections per target node, not the fan-out; the head's key exchanges are the limit)
@@ -38,9 +44,9 @@ class NodeUnreachable:
     host: str
     reason: str
 
-    def error(self) -> EnvironmentProblem:
-        return EnvironmentProblem(f"node {self.host} is not reachable over ssh: {self.reason}",
-                                  hint=REACH_HINT.format(host=self.host))
+    def error(self) -> NodeLost:
+        return NodeLost(f"node {self.host} is not reachable over ssh: {self.reason}",
+                        hint=REACH_HINT.format(host=self.host))
 
 
 def ssh_argv(host: str, command: Sequence[str | Path]) -> list[str]:
@@ -105,6 +111,21 @@ def kill_marked(host: str, marker: str, *, env: Mapping[str, str] | None = None)
     pattern = f"[{marker[0]}]{re.escape(marker[1:])}"
     try:
         run_on(host, ["pkill", "-KILL", "-f", pattern], timeout=30.0, env=env)
+    except ToolError:
+        return
+
+
+def stop_marked(host: str, marker: str, *, grace_s: int = STOP_GRACE_S,
+                env: Mapping[str, str] | None = None) -> None:
+    """SIGTERM every process on `host` whose command line contains `marker`, up to `grace_s` for them to end,
+    then SIGKILL what is left (best effort: the node may be gone). SIGTERM first, because this tool stops
+    cleanly on it (a package swap in progress is finished, its pip never left running); SIGKILL would leave
+    that pip running on its own. `[x]rest`: see `kill_marked`."""
+    pattern = f"[{marker[0]}]{re.escape(marker[1:])}"
+    script = ('pkill -TERM -f "$1" || exit 0; i=0; while pgrep -f "$1" >/dev/null; do i=$((i+1)); '
+              'if [ "$i" -gt "$2" ]; then pkill -KILL -f "$1"; exit 0; fi; sleep 1; done')
+    try:
+        run_on(host, ["sh", "-c", script, "sh", pattern, str(grace_s)], timeout=grace_s + 60.0, env=env)
     except ToolError:
         return
 

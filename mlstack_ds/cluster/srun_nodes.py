@@ -56,9 +56,12 @@ class SrunNodes:
         its own for the check would cost every node's task start again)."""
         find_srun(self.env)
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
+    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+                 run_id: str | None = None) -> ToolRun:
+        """One step, named `run_id` when given (what `stop` cancels)."""
         try:
-            result = on_node(self.allocation, host, tool_argv([*args, "--json"]), timeout_s=timeout_s, env=self.env)
+            result = on_node(self.allocation, host, tool_argv([*args, "--json"]), timeout_s=timeout_s, env=self.env,
+                             name=run_id)
         except ToolTimedOut as exc:
             raise tool_timed_out(host, args, timeout_s) from exc
         return ToolRun(result.returncode, parse_document(result.stdout), result.stderr)

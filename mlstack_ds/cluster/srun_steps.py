@@ -107,9 +107,9 @@ def on_each_node(allocation: Allocation, hosts: Sequence[str], argv: Sequence[st
 
 
 def on_node(allocation: Allocation, host: str, argv: Sequence[str | Path], *, timeout_s: float,
-            env: Mapping[str, str]) -> runner.RunResult:
-    """`argv` as one task on `host` (an srun step of one task), like `ssh host argv`; ToolTimedOut after
-    `timeout_s`, with the step gone."""
-    name = step_name("on")
+            env: Mapping[str, str], name: str | None = None) -> runner.RunResult:
+    """`argv` as one task on `host` (an srun step of one task, named `name`), like `ssh host argv`;
+    ToolTimedOut after `timeout_s`, with the step gone."""
+    name = name or step_name("on")
     command = [str(find_srun(env)), *step_options(allocation, [HostEntry(host, 1)], name, 1), *map(str, argv)]
     return run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env)

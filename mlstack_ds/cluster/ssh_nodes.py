@@ -58,8 +58,9 @@ class SshNodes:
                                      "file system does it once)")
         check_tool(host)
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
-        return run_tool(host, args, timeout=timeout_s)
+    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+                 run_id: str | None = None) -> ToolRun:
+        return run_tool(host, args, timeout=timeout_s, run_id=run_id)
 
     def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
                          done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
@@ -123,4 +124,4 @@ class SshNodes:
         return {gone.host: f"is {self.no_answer}: {gone.reason}" for gone in answers if gone is not None}
 
     def stop(self, run_id: str) -> None:
-        on_each(list(self.hosts), lambda host: remote.kill_marked(host, run_id, env=self.env))
+        on_each(list(self.hosts), lambda host: remote.stop_marked(host, run_id, env=self.env))

@@ -30,6 +30,7 @@ from mlstack_ds.target_side import source
 # each node's own business), and the tool's debug switch.
 PLAN_VARIABLES = ("PYTORCH_ROCM_ARCH", "DS_ACCELERATOR", "ROCM_PATH", "ROCM_HOME", "HIP_PLATFORM",
                   "TORCH_CUDA_ARCH_LIST", "CXX", "HSA_OVERRIDE_GFX_VERSION", "MLSTACK_DEBUG")
+RUN_MARKER = "mlstack-run="  # `-X mlstack-run=ID` on a node's command line: the run that started it
 SAME_PATH_HINT = "install mlstack-ds at the same path on every node, or on a shared file system"
 
 
@@ -58,9 +59,15 @@ class ToolRun:
         return str(error.get("hint") or "") if isinstance(error, dict) else ""
 
 
-def tool_argv(args: Sequence[str | Path], environ: Mapping[str, str] | None = None) -> list[str]:
-    """`env VAR=... PYTHONPATH=<this package's parent> <this python> -m mlstack_ds ARGS`."""
-    return [*_interpreter_argv(environ), "-m", "mlstack_ds", *map(str, args)]
+def tool_argv(args: Sequence[str | Path], environ: Mapping[str, str] | None = None, *,
+              run_id: str | None = None) -> list[str]:
+    """`env VAR=... PYTHONPATH=<this package's parent> <this python> [-X mlstack-run=ID] -m mlstack_ds ARGS`.
+
+    `run_id` marks the node's process with the run it belongs to, so that `SshNodes.stop(run_id)` finds it
+    there (`pkill -f`): Python keeps an unknown `-X` option in sys._xoptions and ignores it, and it stays in
+    the interpreter's own command line (an environment variable would not show; `env` execs the interpreter)."""
+    marker = ["-X", f"{RUN_MARKER}{run_id}"] if run_id else []
+    return [*_interpreter_argv(environ), *marker, "-m", "mlstack_ds", *map(str, args)]
 
 
 def _interpreter_argv(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -92,10 +99,11 @@ def check_tool(host: str) -> None:
                              f"at {_package_file().parent} there ({said})", hint=SAME_PATH_HINT)
 
 
-def run_tool(host: str, args: Sequence[str | Path], *, timeout: float) -> ToolRun:
-    """`mlstack-ds ARGS --json` on `host`; ssh failing (not the command) is EnvironmentProblem."""
+def run_tool(host: str, args: Sequence[str | Path], *, timeout: float, run_id: str | None = None) -> ToolRun:
+    """`mlstack-ds ARGS --json` on `host` (marked with `run_id`: see `tool_argv`); ssh failing (not the
+    command) is EnvironmentProblem."""
     try:
-        result = remote.run_on(host, tool_argv([*args, "--json"]), timeout=timeout)
+        result = remote.run_on(host, tool_argv([*args, "--json"], run_id=run_id), timeout=timeout)
     except ToolTimedOut as exc:
         raise tool_timed_out(host, args, timeout) from exc
     gone = remote.unreachable(result, host)

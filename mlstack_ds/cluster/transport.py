@@ -70,8 +70,9 @@ class NodeTransport(Protocol):
         show it); EnvironmentProblem naming the first node that cannot take part."""
         ...
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
-        """`mlstack-ds ARGS --json` on one node."""
+    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+                 run_id: str | None = None) -> ToolRun:
+        """`mlstack-ds ARGS --json` on one node; with `run_id`, `stop(run_id)` stops it there."""
         ...
 
     def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
@@ -112,5 +113,6 @@ class NodeTransport(Protocol):
 
     def stop(self, run_id: str) -> None:
         """Stop whatever of run `run_id` still runs on any node (best effort: a node that went away keeps
-        what it has)."""
+        what it has), and return once it has ended. The tool there is asked to stop first (SIGTERM: it
+        finishes a package swap it is in), killed only when it does not."""
         ...

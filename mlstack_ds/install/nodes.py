@@ -14,7 +14,8 @@ and compiling on every node would take as long per node as here and could give d
    entry copied to the same path first (where the transport copies files: ssh does, srun does not);
 5. each group's node runs `mlstack-ds install --cached-wheel KEY` there, which refuses to build: a node
    whose plan differs fails naming the difference;
-6. the first node that fails stops the run, and the nodes this run installed are rolled back.
+6. the first node that fails stops the run, and the nodes this run installed are rolled back; so does
+   Ctrl-C/SIGTERM, after what the run still runs on the nodes is stopped (docs/multinode.md, "Faults").
 """
 
 from __future__ import annotations
@@ -36,8 +37,17 @@ from mlstack_ds.cluster.ssh_nodes import SshNodes
 from mlstack_ds.cluster.tool import SAME_PATH_HINT, ToolRun
 from mlstack_ds.cluster.transport import NodeTransport
 from mlstack_ds.console import Output
-from mlstack_ds.errors import EnvironmentProblem, ExitCode, InstallError, MlstackError, UsageError
+from mlstack_ds.errors import (
+    EnvironmentProblem,
+    ExitCode,
+    InstallError,
+    Interrupted,
+    MlstackError,
+    NodeLost,
+    UsageError,
+)
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build
+from mlstack_ds.installed.receipt import receipt_path
 from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.source.cache import Cache, default_cache_dir, sha256_of
 from mlstack_ds.verify.report import VerifyReport
@@ -154,9 +164,7 @@ def node_failure(host: str, run: ToolRun, rolled_back: Sequence[str], not_rolled
     """The error of the run: the node and its reason, with the node's own exit code (install's 7 when it
     gave none of ours), and what happened to the nodes installed before it."""
     code = node_exit_code(run)
-    undone = f"; rolled back on {', '.join(rolled_back)}" if rolled_back else ""
-    stuck = "".join(f"; rollback failed on {h}: {why}" for h, why in not_rolled_back.items())
-    return InstallError(f"node {host}: install failed: {run.error_message()}{undone}{stuck}",
+    return InstallError(f"node {host}: install failed: {run.error_message()}{_undone(rolled_back, not_rolled_back)}",
                         hint=run.error_hint() or "fix that node and run the same command again",
                         exit_code=code)
 
@@ -417,35 +425,100 @@ def head_wheel(prepared: Prepared, request: InstallRequest, output: Output, prog
 
 def install_groups(groups: Sequence[NodeGroup], results: Mapping[str, NodeResult], *, nodes: NodeTransport,
                    node_args: Sequence[str], place: Callable[[str], str], python: Path, output: Output) -> None:
-    """Install group by group; on the first failure roll back what this run installed and raise."""
+    """Install group by group; on the first failure, or Ctrl-C/SIGTERM, stop what the run still runs on the
+    nodes, roll back what this run installed and raise."""
+    run_id = f"mlstack-install-{secrets.token_hex(8)}"
     installed: list[str] = []
-    for group in groups:
-        host = group.leader.host
-        result = results[host]
-        try:
-            result.cache = place(host)
-            run = nodes.run_tool(host, node_args, timeout_s=INSTALL_TIMEOUT_S)
-        except MlstackError as exc:
-            result.action, result.error = "failed", exc.message
-            _roll_back(installed, results, python, output, nodes)
-            raise with_nodes(exc, results) from None
-        if not run.ok:
-            result.action, result.error = "failed", run.error_message()
-            output.status(f"{host}: install failed: {result.error}")
-            rolled, stuck = _roll_back(installed, results, python, output, nodes)
-            raise with_nodes(node_failure(host, run, rolled, stuck), results)
-        document = run.document or {}
-        result.action = str(document.get("action") or "installed")
-        result.receipt = receipt_summary(document.get("receipt"))
-        if result.action == "installed":
+    current, before = groups[0].leader, None  # the node being installed; its receipt before (None: unread)
+    try:
+        for group in groups:
+            current, before = group.leader, None
+            before = receipt_text(nodes, current.host, current.prefix)
+            _install_group(group, results, installed, run_id, nodes=nodes, node_args=node_args, place=place,
+                           python=python, output=output)
+    except KeyboardInterrupt:
+        raise _stopped(current, before, run_id, installed, results, nodes=nodes, python=python,
+                       output=output) from None
+
+
+def _install_group(group: NodeGroup, results: Mapping[str, NodeResult], installed: list[str], run_id: str, *,
+                   nodes: NodeTransport, node_args: Sequence[str], place: Callable[[str], str], python: Path,
+                   output: Output) -> None:
+    """One group's install (`installed`: the nodes this run changed, to which it adds its leader); on failure
+    roll back `installed` and raise."""
+    host = group.leader.host
+    result = results[host]
+    try:
+        result.cache = place(host)
+        output.status(f"{host}: installing")
+        run = nodes.run_tool(host, node_args, timeout_s=INSTALL_TIMEOUT_S, run_id=run_id)
+    except MlstackError as exc:
+        result.action, result.error = "failed", exc.message
+        rolled, stuck = _roll_back(installed, results, python, output, nodes)
+        exc.message += _undone(rolled, stuck)
+        if isinstance(exc, NodeLost):
+            exc.hint = (f"once {host} answers again, run the same command again: it brings every node to this "
+                        "build, whatever that node's own install did meanwhile")
+        raise with_nodes(exc, results) from None
+    if not run.ok:
+        result.action, result.error = "failed", run.error_message()
+        output.status(f"{host}: install failed: {result.error}")
+        rolled, stuck = _roll_back(installed, results, python, output, nodes)
+        raise with_nodes(node_failure(host, run, rolled, stuck), results)
+    document = run.document or {}
+    result.action = str(document.get("action") or "installed")
+    result.receipt = receipt_summary(document.get("receipt"))
+    if result.action == "installed":
+        installed.append(host)
+    where = {"shared": "from the shared cache", "index": "from the index"}.get(result.cache or "",
+                                                                            f"{result.cache} in its cache")
+    output.status(f"{host}: {result.action} (the wheel {where})")
+    for member in group.members:
+        results[member].action, results[member].shares_with = "shared", host
+        results[member].receipt = result.receipt
+        output.status(f"{member}: {result.action} through {host} (shared environment)")
+
+
+def receipt_text(nodes: NodeTransport, host: str, prefix: str) -> str:
+    """The node's receipt as it is now ("" when it has none): a stopped run compares it afterwards to learn
+    whether the node's own install got as far as changing the environment."""
+    return nodes.run(host, ["sh", "-c", 'cat -- "$1" 2>/dev/null; exit 0', "sh", receipt_path(prefix)]).stdout
+
+
+def _stopped(leader: NodeFacts, before: str | None, run_id: str, installed: list[str],
+             results: Mapping[str, NodeResult], *, nodes: NodeTransport, python: Path, output: Output
+             ) -> MlstackError:
+    """Ctrl-C or SIGTERM while `leader` was being installed (`before`: its receipt then, None if unread):
+    whatever the run still runs on the nodes is stopped (the node's install finishes the package swap it is
+    in, then ends), the node joins those to roll back when its receipt changed meanwhile, and every node this
+    run installed is rolled back."""
+    output.status(f"interrupted: stopping this run on the {len(results)} node(s)")
+    nodes.stop(run_id)
+    host = leader.host
+    results[host].action = "failed"
+    results[host].error = "interrupted"
+    unknown = ""
+    try:
+        if host not in installed and before is not None and receipt_text(nodes, host, leader.prefix) != before:
             installed.append(host)
-        where = {"shared": "from the shared cache", "index": "from the index"}.get(result.cache or "",
-                                                                                f"{result.cache} in its cache")
-        output.status(f"{host}: {result.action} (the wheel {where})")
-        for member in group.members:
-            results[member].action, results[member].shares_with = "shared", host
-            results[member].receipt = result.receipt
-            output.status(f"{member}: {result.action} through {host} (shared environment)")
+    except MlstackError as exc:
+        unknown = f"; {host}: its install may have finished there ({exc.message})"
+    rolled, stuck = _roll_back(installed, results, python, output, nodes)
+    if host not in installed and not unknown:
+        results[host].action = "not-run"
+    said = f"rolled back on {', '.join(rolled)}" if rolled else "no node had been changed"
+    stuck_said = "".join(f"; rollback failed on {h}: {why}" for h, why in stuck.items())
+    return with_nodes(Interrupted(f"interrupted: the install over {len(results)} node(s) was stopped; {said}"
+                                  f"{stuck_said}{unknown}",
+                                  hint="nothing of the run is left running; run the same command again to install"
+                                  if not stuck and not unknown else "run the same command again: it brings every "
+                                  "node to this build"), results)
+
+
+def _undone(rolled: Sequence[str], stuck: Mapping[str, str]) -> str:
+    """What a failed run did to the nodes installed before it failed, for its error message."""
+    undone = f"; rolled back on {', '.join(rolled)}" if rolled else ""
+    return undone + "".join(f"; rollback failed on {h}: {why}" for h, why in stuck.items())
 
 
 def _roll_back(installed: Sequence[str], results: Mapping[str, NodeResult], python: Path, output: Output,

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from support import slurm_cluster as slurm_harness
 from support.bundles import make_bundle
+from support.cli import run_cli
+from support.e2e import Target
 from support.slurm_cluster import SlurmCluster, slurm_cluster
-from support.two_hosts import NODE_NAMES, TwoHosts, missing, two_hosts
+from support.two_hosts import NODE_NAMES, REPO_ROOT, TwoHosts, missing, two_hosts
 
 
 def _skip_without_harness() -> None:
@@ -43,6 +45,36 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         pytest.skip(why)
     with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def base_venv(installed_target: Target, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The installed target's venv without DeepSpeed (the tool's own uninstall), copied once per module: the
+    install tests' starting point (torch, DeepSpeed's requirements and the HF clients stay: the hosts have no
+    package index, and pip must find every requirement satisfied)."""
+    venv = tmp_path_factory.mktemp("nodes-base") / "venv"
+    subprocess.run(["cp", "-a", str(installed_target.venv), str(venv)], check=True)
+    done = run_cli("uninstall", "--python", venv / "bin" / "python", env={"PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr
+    return venv
+
+
+@pytest.fixture
+def target(base_venv: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the base venv for one test. Hard links: install, rollback and uninstall only add
+    and remove files (pip never rewrites torch's in place), so the base stays clean and the copy is cheap."""
+    venv = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(base_venv), str(venv)], check=True)
+    return venv
+
+
+@pytest.fixture
+def warm_cache(installed_target: Target, tmp_path: Path) -> Path:
+    """A cache of this test's own holding the session's wheel (the cache entry, nothing else): the head's
+    build is a cache hit and each node installs in seconds."""
+    cache = tmp_path / "cache"
+    shutil.copytree(installed_target.cache / "wheels", cache / "wheels")
+    return cache
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ clients stay: the namespaces have no package index, and pip must find every requ
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,48 +17,12 @@ from pathlib import Path
 
 import pytest
 from support.bundles import without_wheel
-from support.cli import run_cli
-from support.e2e import Target
-from support.two_hosts import NODE_NAMES, REPO_ROOT, Host, TwoHosts, head_cli, host_cli
+from support.two_hosts import NODE_NAMES, REPO_ROOT, TwoHosts, head_cli, node_status
 
 from mlstack_ds import __version__
 from mlstack_ds.verify.checks import select_checks
 
 pytestmark = pytest.mark.reads_target  # installs into copies of the installed target, never into it
-
-
-def node_status(hosts: TwoHosts, host: Host, python: Path) -> dict:
-    """`status` run on `host` itself (its mounts: its own copy of a node-local venv)."""
-    result = host_cli(hosts, host, "status", "--python", python, "--json", timeout=300)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-@pytest.fixture(scope="module")
-def base_venv(installed_target: Target, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The installed target's venv without DeepSpeed (the tool's own uninstall), copied once per module."""
-    venv = tmp_path_factory.mktemp("hostfile-base") / "venv"
-    subprocess.run(["cp", "-a", str(installed_target.venv), str(venv)], check=True)
-    done = run_cli("uninstall", "--python", venv / "bin" / "python", env={"PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0, done.stderr
-    return venv
-
-
-@pytest.fixture
-def target(base_venv: Path, tmp_path: Path) -> Path:
-    """A fresh copy of the base venv for one test. Hard links: install, rollback and uninstall only add
-    and remove files (pip never rewrites torch's in place), so the base stays clean and the copy is cheap."""
-    venv = tmp_path / "venv"
-    subprocess.run(["cp", "-al", str(base_venv), str(venv)], check=True)
-    return venv
-
-
-@pytest.fixture
-def warm_cache(installed_target: Target, tmp_path: Path) -> Path:
-    """A cache of this test's own holding the session's wheel (the cache entry, nothing else)."""
-    cache = tmp_path / "cache"
-    shutil.copytree(installed_target.cache / "wheels", cache / "wheels")
-    return cache
 
 
 def install(hosts: TwoHosts, hostfile: Path, venv: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -22,36 +20,12 @@ from pathlib import Path
 
 import pytest
 from support.cli import cli_argv, run_cli
-from support.e2e import Target
 from support.slurm_cluster import SlurmCluster, slurm_cluster
 from support.two_hosts import NODE_NAMES, REPO_ROOT, TwoHosts
 
 from mlstack_ds.errors import ExitCode
 
 pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # copies or runs the installed target
-
-
-@pytest.fixture(scope="module")
-def base_venv(installed_target: Target, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = tmp_path_factory.mktemp("slurm-base") / "venv"
-    subprocess.run(["cp", "-a", str(installed_target.venv), str(venv)], check=True)
-    done = run_cli("uninstall", "--python", venv / "bin" / "python", env={"PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0, done.stderr
-    return venv
-
-
-@pytest.fixture
-def target(base_venv: Path, tmp_path: Path) -> Path:
-    venv = tmp_path / "venv"
-    subprocess.run(["cp", "-al", str(base_venv), str(venv)], check=True)
-    return venv
-
-
-@pytest.fixture
-def warm_cache(installed_target: Target, tmp_path: Path) -> Path:
-    cache = tmp_path / "cache"
-    shutil.copytree(installed_target.cache / "wheels", cache / "wheels")
-    return cache
 
 
 def install(slurm: SlurmCluster, venv: Path, cache: Path) -> tuple[int, dict, str]:

@@ -14,6 +14,8 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -136,3 +138,47 @@ def cli_commands() -> dict[str, Any]:
 def command_options(command: Any) -> dict[str, Any]:
     """A command's click parameters by every flag they answer to (`--config` and `--ds-config` alike)."""
     return {opt: param for param in getattr(command, "params", []) for opt in getattr(param, "opts", [])}
+
+
+class StreamedLines:
+    """A running CLI's stderr (or any text stream), read line by line by a thread of its own, so that a test
+    can wait for the status line that says a step happened (not a sleep) and still read everything after.
+
+    Why a thread: `readline()` on the pipe would block past a deadline when the CLI hangs."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        """The first line containing `text`; AssertionError with what was read when the stream ends or
+        `timeout` s pass without one."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                found = next((line for line in self.lines if text in line), None)
+                if found is not None:
+                    return found
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    raise AssertionError(f"no line with {text!r} ({'stream ended' if self._closed else 'timed out'}"
+                                         "):\n" + "\n".join(self.lines[-40:]))
+                self._changed.wait(left)
+
+    def text(self, timeout: float = 60) -> str:
+        """Everything read, once the stream has ended (the process exited)."""
+        self._reader.join(timeout)
+        with self._changed:
+            return "\n".join(self.lines)

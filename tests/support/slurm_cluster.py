@@ -123,7 +123,7 @@ class SlurmCluster:
 
     def leftovers(self) -> dict[str, list[str]]:
         """{node name: "pid command line"} of every process `processes` finds, for an assertion's message."""
-        return {node.name: [f"{pid} {_cmdline(pid)}" for pid in self.processes(node)] for node in self.nodes}
+        return {node.name: [f"{pid} {th.command_line(pid)}" for pid in self.processes(node)] for node in self.nodes}
 
     def wait_no_leftovers(self, timeout: float = 120) -> dict[str, list[str]]:
         """`leftovers()` once it is empty, or what is still there after `timeout` seconds."""
@@ -171,13 +171,6 @@ def _ppid(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "(gone)"
 
 
 def _slurm_conf(root: Path, nodes: Sequence[Host], munge_socket: Path, kill_wait: int) -> str:

@@ -19,6 +19,7 @@ Needs root, `ip`, `unshare`, `nsenter`, `/usr/sbin/sshd` and `pdsh` (scripts/tes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,8 +29,9 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .cli import CliResult, run_cli
+from .cli import CliResult, run_cli, start_cli
 
 SSHD = Path("/usr/sbin/sshd")
 SSH = Path("/usr/bin/ssh")
@@ -229,6 +231,40 @@ def host_cli(hosts: TwoHosts, host: Host, *args: str | Path, timeout: float = 90
     """`mlstack-ds ARGS` run on `host` (its network, mounts and name), the tool from this checkout."""
     return run_cli(*args, prefix=hosts.on(host, []), timeout=timeout, cwd=cwd,
                    base_env=hosts.env({**os.environ, **(env or {}), "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)}))
+
+
+def node_status(hosts: TwoHosts, host: Host, python: Path) -> dict[str, Any]:
+    """`status --json` run on `host` itself (its mounts: its own copy of a node-local venv)."""
+    result = host_cli(hosts, host, "status", "--python", python, "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def start_head_cli(hosts: TwoHosts, *args: str | Path) -> subprocess.Popen[str]:
+    """`mlstack-ds ARGS` started on the first host and returned running (`start_cli`), for a test that signals
+    it: nsenter execs the CLI itself, so a signal sent to the Popen reaches the CLI."""
+    return start_cli(*args, prefix=hosts.on(hosts.hosts[0], []), cwd=REPO_ROOT,
+                     base_env=hosts.env({**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO_ROOT)}))
+
+
+def wait_nothing_left(hosts: TwoHosts, timeout: float = 120) -> dict[str, list[str]]:
+    """{host name: "pid command line"} of what still runs in each host (its sshd aside) once that is nothing,
+    or after `timeout` s: the proof that a stopped run left nothing running on any node."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {host.name: [f"{pid} {command_line(pid)}" for pid in hosts.processes(host)] for host in hosts.hosts}
+        left = {name: procs for name, procs in left.items() if procs}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def command_line(pid: int) -> str:
+    """A process's command line, for an assertion's message ("(gone)" once it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "(gone)"
 
 
 def head_cli(hosts: TwoHosts, *args: str | Path, timeout: float = 900,

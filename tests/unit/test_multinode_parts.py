@@ -52,7 +52,7 @@ def test_remote_commands_are_quoted_for_the_remote_shell(tmp_path: Path) -> None
     """ssh hands the remote shell one string: a path with spaces and quotes must arrive whole."""
     odd = tmp_path / "a dir with 'quotes' and $HOME"
     argv = remote.ssh_argv("node", ["test", "-x", odd])
-    assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "node"]
+    assert argv[:len(remote.SSH_OPTIONS) + 2] == ["ssh", *remote.SSH_OPTIONS, "node"]
     shell_sees = subprocess.run(["sh", "-c", f"printf '%s\\n' {argv[-1]}"], capture_output=True, text=True).stdout
     assert shell_sees.splitlines() == ["test", "-x", str(odd)]
     assert shlex.split(argv[-1]) == ["test", "-x", str(odd)]

@@ -1,0 +1,118 @@
+"""Faults during `mlstack-ds install --hostfile` on two real hosts (tests/support/two_hosts.py): the run is
+stopped after a node is done, a node is lost mid-install, one node's disk fills up. Each ends with every node
+back at its previous DeepSpeed (none: the target starts without one) and nothing of the run left running.
+
+The wheel is a cache hit (`warm_cache`) and each node has its own copy of the venv (`node_local_hosts`), so
+each node really installs. Every step is waited for by its status line in the CLI's stderr, never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from support.cli import StreamedLines, assert_one_error
+from support.two_hosts import INTERFACE, TwoHosts, head_cli, node_status, start_head_cli, wait_nothing_left
+
+from mlstack_ds.errors import ExitCode
+
+NodeLocalHosts = Callable[..., AbstractContextManager[TwoHosts]]
+STEP_S = 600  # the ceiling for one step of the run on a busy machine (seconds when idle)
+
+
+def install_argv(hosts: TwoHosts, venv: Path, cache: Path) -> list[str | Path]:
+    return ["install", "--hostfile", hosts.hostfile(), "--python", venv / "bin" / "python", "--cache-dir", cache,
+            "--no-verify"]
+
+
+def assert_as_before(hosts: TwoHosts, venv: Path) -> None:
+    """No DeepSpeed and no receipt on any node: as each was before the run."""
+    for host in hosts.hosts:
+        status = node_status(hosts, host, venv / "bin" / "python")
+        assert (host.name, status["receipt"], status["installed"]["deepspeed_version"]) == (host.name, None, None)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_after_a_node_is_done_rolls_back_every_node(
+        node_local_hosts: NodeLocalHosts, target: Path, warm_cache: Path, stop: signal.Signals) -> None:
+    with node_local_hosts(target, hardlinks=True) as hosts:
+        cli = start_head_cli(hosts, *install_argv(hosts, target, warm_cache))
+        assert cli.stderr is not None
+        stderr = StreamedLines(cli.stderr)
+        try:
+            stderr.wait_for("mls-node-a: installed", STEP_S)  # node a done; node b's turn has begun
+            cli.send_signal(stop)
+            code = cli.wait(timeout=STEP_S)
+        finally:
+            cli.kill()
+        said = stderr.text()
+        assert code == ExitCode.INTERRUPTED, said[-3000:]
+        error, hint = assert_one_error(said)
+        assert error.startswith("error: interrupted: the install over 2 node(s) was stopped; rolled back on "), error
+        assert "mls-node-a" in error and "failed" not in error, error
+        assert hint == "hint: nothing of the run is left running; run the same command again to install", hint
+        assert wait_nothing_left(hosts) == {}  # no install, pip, ssh or sshd session of the run on either node
+        assert_as_before(hosts, target)
+
+
+def test_a_node_lost_mid_install_is_named_and_the_next_run_repairs_it(
+        node_local_hosts: NodeLocalHosts, target: Path, warm_cache: Path) -> None:
+    with node_local_hosts(target, hardlinks=True) as hosts:
+        node_b = hosts.hosts[1]
+        cli = start_head_cli(hosts, *install_argv(hosts, target, warm_cache), "--json")
+        assert cli.stderr is not None and cli.stdout is not None
+        stderr = StreamedLines(cli.stderr)
+        try:
+            stderr.wait_for("mls-node-b: installing", STEP_S)
+            down = hosts.run_on(node_b, ["ip", "link", "set", INTERFACE, "down"])
+            assert down.returncode == 0, down.stderr
+            out, _ = cli.communicate(timeout=STEP_S)
+        finally:
+            cli.kill()
+        said = stderr.text()
+        assert cli.returncode == ExitCode.ENVIRONMENT, said[-3000:]
+        assert_one_error(said)
+        error = json.loads(out)["error"]
+        assert error["message"].startswith("node mls-node-b is not reachable over ssh: "), error
+        assert error["message"].endswith("; rolled back on mls-node-a"), error
+        assert "once mls-node-b answers again, run the same command again" in error["hint"]
+        assert [(n["host"], n["action"]) for n in error["nodes"]] == [("mls-node-a", "rolled-back"),
+                                                                       ("mls-node-b", "failed")]
+        assert node_status(hosts, hosts.hosts[0], target / "bin" / "python")["receipt"] is None
+        up = hosts.run_on(node_b, ["ip", "link", "set", INTERFACE, "up"])
+        assert up.returncode == 0, up.stderr
+        # whatever node b's own install did meanwhile (it may have finished there), the next run brings both
+        # nodes to one build
+        assert wait_nothing_left(hosts, timeout=STEP_S) == {}
+        again = head_cli(hosts, *install_argv(hosts, target, warm_cache), "--json", timeout=STEP_S * 2)
+        assert again.returncode == 0, again.stderr[-3000:]
+        key = json.loads(again.stdout)["plan"]["cache_key"]
+        for host in hosts.hosts:
+            status = node_status(hosts, host, target / "bin" / "python")
+            assert status["intact"] and status["receipt"]["cache_key"] == key, (host.name, status)
+
+
+def test_a_full_disk_on_one_node_is_one_line_naming_it_and_every_node_is_rolled_back(
+        node_local_hosts: NodeLocalHosts, target: Path, warm_cache: Path, tmp_path: Path) -> None:
+    with node_local_hosts(target, hardlinks=True) as hosts:
+        node_b = hosts.hosts[1]
+        # node b's DeepSpeed package directory is a 256 KiB file system of its own there: pip fills it
+        (package,) = target.glob("lib/python3*/site-packages")
+        filled = package / "deepspeed"
+        (tmp_path / "mls-node-b-venv" / package.relative_to(target) / "deepspeed").mkdir()  # node b's copy only
+        mounted = hosts.run_on(node_b, ["mount", "-t", "tmpfs", "-o", "size=256k", "mls-full", filled])
+        assert mounted.returncode == 0, mounted.stderr
+        result = head_cli(hosts, *install_argv(hosts, target, warm_cache), "--json", timeout=STEP_S * 2)
+        assert result.returncode == ExitCode.INSTALL, result.stderr[-3000:]
+        error_line, _hint = result.one_error()
+        assert error_line.startswith("error: node mls-node-b: install failed: "), error_line
+        assert "No space left on device" in error_line, error_line
+        assert error_line.endswith("; rolled back on mls-node-a"), error_line
+        assert [(n["host"], n["action"]) for n in result.json["error"]["nodes"]] == [
+            ("mls-node-a", "rolled-back"), ("mls-node-b", "failed")]
+        assert wait_nothing_left(hosts) == {}
+        assert_as_before(hosts, target)
