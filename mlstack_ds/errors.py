@@ -63,11 +63,6 @@ class EnvironmentProblem(MlstackError):
     exit_code = ExitCode.ENVIRONMENT
 
 
-class NodeLost(EnvironmentProblem):
-    """A node the transport could not reach (ssh's own failure), so that a run over nodes can tell a node
-    that went away from one whose command failed: only the first leaves that node's own work running there."""
-
-
 class FetchError(MlstackError):
     exit_code = ExitCode.FETCH
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds import runner
-from mlstack_ds.errors import EnvironmentProblem, NodeLost, ToolError, ToolMissing, ToolTimedOut
+from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolMissing, ToolTimedOut
 
 SERVER_ALIVE_S = (15, 4)  # a keepalive every 15 s; 4 unanswered ones: the node is gone
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", f"ServerAliveInterval={SERVER_ALIVE_S[0]}",
@@ -44,9 +44,9 @@ class NodeUnreachable:
     host: str
     reason: str
 
-    def error(self) -> NodeLost:
-        return NodeLost(f"node {self.host} is not reachable over ssh: {self.reason}",
-                        hint=REACH_HINT.format(host=self.host))
+    def error(self) -> EnvironmentProblem:
+        return EnvironmentProblem(f"node {self.host} is not reachable over ssh: {self.reason}",
+                                  hint=REACH_HINT.format(host=self.host))
 
 
 def ssh_argv(host: str, command: Sequence[str | Path]) -> list[str]:
@@ -105,22 +105,13 @@ def fetch_from(host: str, remote_paths: Sequence[Path], local_dir: Path, *, time
     return _scp(["-q", *(f"{host}:{p}" for p in remote_paths), str(local_dir)], timeout, env)
 
 
-def kill_marked(host: str, marker: str, *, env: Mapping[str, str] | None = None) -> None:
-    """SIGKILL every process on `host` whose command line contains `marker` (best effort: the node may be
-    gone). `[x]rest` is a regular expression that matches `marker` but not this pkill's own command line."""
-    pattern = f"[{marker[0]}]{re.escape(marker[1:])}"
-    try:
-        run_on(host, ["pkill", "-KILL", "-f", pattern], timeout=30.0, env=env)
-    except ToolError:
-        return
-
-
 def stop_marked(host: str, marker: str, *, grace_s: int = STOP_GRACE_S,
                 env: Mapping[str, str] | None = None) -> None:
     """SIGTERM every process on `host` whose command line contains `marker`, up to `grace_s` for them to end,
     then SIGKILL what is left (best effort: the node may be gone). SIGTERM first, because this tool stops
     cleanly on it (a package swap in progress is finished, its pip never left running); SIGKILL would leave
-    that pip running on its own. `[x]rest`: see `kill_marked`."""
+    that pip running on its own. `[x]rest` is a regular expression that matches `marker` but not this script's
+    own command line."""
     pattern = f"[{marker[0]}]{re.escape(marker[1:])}"
     script = ('pkill -TERM -f "$1" || exit 0; i=0; while pgrep -f "$1" >/dev/null; do i=$((i+1)); '
               'if [ "$i" -gt "$2" ]; then pkill -KILL -f "$1"; exit 0; fi; sleep 1; done')

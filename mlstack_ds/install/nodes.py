@@ -43,7 +43,6 @@ from mlstack_ds.errors import (
     InstallError,
     Interrupted,
     MlstackError,
-    NodeLost,
     UsageError,
 )
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build
@@ -454,17 +453,16 @@ def _install_group(group: NodeGroup, results: Mapping[str, NodeResult], installe
         run = nodes.run_tool(host, node_args, timeout_s=INSTALL_TIMEOUT_S, run_id=run_id)
     except MlstackError as exc:
         result.action, result.error = "failed", exc.message
+        gone = lost_node(nodes, host)
         rolled, stuck = _roll_back(installed, results, python, output, nodes)
-        exc.message += _undone(rolled, stuck)
-        if isinstance(exc, NodeLost):
-            exc.hint = (f"once {host} answers again, run the same command again: it brings every node to this "
-                        "build, whatever that node's own install did meanwhile")
-        raise with_nodes(exc, results) from None
+        raise with_nodes(gone or exc, results, undone=_undone(rolled, stuck)) from None
     if not run.ok:
         result.action, result.error = "failed", run.error_message()
         output.status(f"{host}: install failed: {result.error}")
+        gone = lost_node(nodes, host)
         rolled, stuck = _roll_back(installed, results, python, output, nodes)
-        raise with_nodes(node_failure(host, run, rolled, stuck), results)
+        raise with_nodes(gone or node_failure(host, run, rolled, stuck), results,
+                         undone=_undone(rolled, stuck) if gone else "")
     document = run.document or {}
     result.action = str(document.get("action") or "installed")
     result.receipt = receipt_summary(document.get("receipt"))
@@ -477,6 +475,21 @@ def _install_group(group: NodeGroup, results: Mapping[str, NodeResult], installe
         results[member].action, results[member].shares_with = "shared", host
         results[member].receipt = result.receipt
         output.status(f"{member}: {result.action} through {host} (shared environment)")
+
+
+def lost_node(nodes: NodeTransport, host: str) -> EnvironmentProblem | None:
+    """The error of a node whose install failed because the node went away (its link, its power:
+    `NodeTransport.lost`, asked only after a failure), or None when it still answers (its install failed).
+    Its own install may go on, or even finish, there: the hint says that the next run repairs it."""
+    try:
+        why = nodes.lost().get(host)
+    except MlstackError:
+        return None
+    if why is None:
+        return None
+    return EnvironmentProblem(f"node {host} {why}",
+                              hint=f"once {host} answers again, run the same command again: it brings every node "
+                              "to this build, whatever that node's own install did meanwhile")
 
 
 def receipt_text(nodes: NodeTransport, host: str, prefix: str) -> str:
@@ -552,7 +565,9 @@ def rollback_on(nodes: NodeTransport, host: str, python: Path) -> str | None:
     return None if result.ok else result.error_message()
 
 
-def with_nodes(error: MlstackError, results: Mapping[str, NodeResult]) -> MlstackError:
-    """The error, carrying every node's result for --json."""
+def with_nodes(error: MlstackError, results: Mapping[str, NodeResult], *, undone: str = "") -> MlstackError:
+    """The error, carrying every node's result for --json (and `undone`, what became of the nodes this run
+    had installed, added to its message)."""
+    error.message += undone
     error.details = {**error.details, "nodes": [r.to_json() for r in results.values()]}
     return error

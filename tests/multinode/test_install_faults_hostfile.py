@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 from support.cli import StreamedLines, assert_one_error
-from support.two_hosts import INTERFACE, TwoHosts, head_cli, node_status, start_head_cli, wait_nothing_left
+from support.node_faults import link_down
+from support.two_hosts import TwoHosts, head_cli, node_status, start_head_cli, wait_nothing_left
 
 from mlstack_ds.errors import ExitCode
+
+pytestmark = [pytest.mark.slow, pytest.mark.reads_target]  # installs into copies of the installed target
 
 NodeLocalHosts = Callable[..., AbstractContextManager[TwoHosts]]
 STEP_S = 600  # the ceiling for one step of the run on a busy machine (seconds when idle)
@@ -65,26 +68,23 @@ def test_a_node_lost_mid_install_is_named_and_the_next_run_repairs_it(
         node_b = hosts.hosts[1]
         cli = start_head_cli(hosts, *install_argv(hosts, target, warm_cache), "--json")
         assert cli.stderr is not None and cli.stdout is not None
-        stderr = StreamedLines(cli.stderr)
+        stderr, stdout = StreamedLines(cli.stderr), StreamedLines(cli.stdout)
         try:
             stderr.wait_for("mls-node-b: installing", STEP_S)
-            down = hosts.run_on(node_b, ["ip", "link", "set", INTERFACE, "down"])
-            assert down.returncode == 0, down.stderr
-            out, _ = cli.communicate(timeout=STEP_S)
+            with link_down(node_b):
+                cli.wait(timeout=STEP_S)
+                assert node_status(hosts, hosts.hosts[0], target / "bin" / "python")["receipt"] is None
         finally:
             cli.kill()
         said = stderr.text()
         assert cli.returncode == ExitCode.ENVIRONMENT, said[-3000:]
         assert_one_error(said)
-        error = json.loads(out)["error"]
+        error = json.loads(stdout.text())["error"]
         assert error["message"].startswith("node mls-node-b is not reachable over ssh: "), error
         assert error["message"].endswith("; rolled back on mls-node-a"), error
         assert "once mls-node-b answers again, run the same command again" in error["hint"]
         assert [(n["host"], n["action"]) for n in error["nodes"]] == [("mls-node-a", "rolled-back"),
                                                                        ("mls-node-b", "failed")]
-        assert node_status(hosts, hosts.hosts[0], target / "bin" / "python")["receipt"] is None
-        up = hosts.run_on(node_b, ["ip", "link", "set", INTERFACE, "up"])
-        assert up.returncode == 0, up.stderr
         # whatever node b's own install did meanwhile (it may have finished there), the next run brings both
         # nodes to one build
         assert wait_nothing_left(hosts, timeout=STEP_S) == {}

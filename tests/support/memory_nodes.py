@@ -49,7 +49,8 @@ class MemoryNodes:
     def check_ready(self, python: Path) -> None:
         self.calls.append(("check_ready", str(python)))
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float) -> ToolRun:
+    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+                 run_id: str | None = None) -> ToolRun:
         self.calls.append((host, *map(str, args)))
         self._reach(host)
         return self.tool(host, [str(a) for a in args])
