@@ -91,9 +91,10 @@ def signals_deferred(done: str = "the change was completed") -> Iterator[None]:
 def _pip(python: str, *args: str, what: str, lock: TargetLock | None = None,
          env: Mapping[str, str] | None = None) -> None:
     """pip in the target; it inherits the environment's lock, which so outlives a killed tool until pip ends.
-    `env`: pip's whole environment when it must see nothing but a bundle (`install --offline`)."""
+    `env`: pip's whole environment when it must see nothing but a bundle (`install --offline`). No version
+    check: its notice would be pip's last line, the one a failure quotes, in place of pip's error."""
     try:
-        result = run([python, "-m", "pip", *args], timeout=PIP_TIMEOUT_S, pass_fds=(lock.fd,) if lock else (),
+        result = run([python, "-m", "pip", "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S, pass_fds=(lock.fd,) if lock else (),
                      env=env)
     except ToolError as exc:
         raise InstallError(f"{what}: {exc.message}", hint=exc.hint) from exc
