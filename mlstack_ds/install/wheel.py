@@ -94,8 +94,8 @@ def _pip(python: str, *args: str, what: str, lock: TargetLock | None = None,
     `env`: pip's whole environment when it must see nothing but a bundle (`install --offline`). No version
     check: its notice would be pip's last line, the one a failure quotes, in place of pip's error."""
     try:
-        result = run([python, "-m", "pip", "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S, pass_fds=(lock.fd,) if lock else (),
-                     env=env)
+        result = run([python, "-m", "pip", "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S,
+                     pass_fds=(lock.fd,) if lock else (), env=env)
     except ToolError as exc:
         raise InstallError(f"{what}: {exc.message}", hint=exc.hint) from exc
     if not result.ok:
