@@ -519,10 +519,9 @@ def _stopped(leader: NodeFacts, before: str | None, run_id: str, installed: list
     rolled, stuck = _roll_back(installed, results, python, output, nodes)
     if host not in installed and not unknown:
         results[host].action = "not-run"
-    said = f"rolled back on {', '.join(rolled)}" if rolled else "no node had been changed"
-    stuck_said = "".join(f"; rollback failed on {h}: {why}" for h, why in stuck.items())
-    return with_nodes(Interrupted(f"interrupted: the install over {len(results)} node(s) was stopped; {said}"
-                                  f"{stuck_said}{unknown}",
+    said = _undone(rolled, stuck) or "; no node had been changed"
+    return with_nodes(Interrupted(f"interrupted: the install over {len(results)} node(s) was stopped{said}"
+                                  f"{unknown}",
                                   hint="nothing of the run is left running; run the same command again to install"
                                   if not stuck and not unknown else "run the same command again: it brings every "
                                   "node to this build"), results)
