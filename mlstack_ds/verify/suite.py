@@ -6,7 +6,9 @@ the ranks).
 
 The time-out S is a stall rule where the ranks' progress can be seen while they run (one node, Slurm): a
 launch is stopped when no rank has reported anything for S s, and after S s per check (plus S for
-start-up) at most. A hang stops reporting, so it still ends S s after the last report; a machine busy with
+start-up) at most. A report is any line of a rank's file: its milestones, each training step, and
+`working` while an import computes (worker/protocol.py), so a slow rank keeps reporting and a stuck one
+does not. A hang stops reporting, so it still ends S s after the last report; a machine busy with
 other work only slows the checks down. (A fixed 300 s for the whole suite is, by its timing, what failed
 all 19 checks of a healthy install, 76 s on a quiet machine, on one running three parallel builds.) Over a
 hostfile the same holds where every node shares the launch directory (a node ten times slower than the

@@ -24,6 +24,7 @@ from .protocol import (
     SkipCheck,
     die_with_parent,
     fire_fault,
+    import_beats,
     parse_fault,
 )
 from .registry import all_checks, by_name
@@ -113,8 +114,9 @@ def main(argv=None):
     log.write({"event": "hello", "rank": rank, "world_size": world_size, "pid": os.getpid(),
                "protocol": PROTOCOL_VERSION, "host": os.uname().nodename})
     fault = parse_fault(os.environ.get("MLSTACK_VERIFY_TEST_FAULT", ""), rank)
-    ctx = Context(args, rank, world_size)
-    import_targets(ctx, args.allow_jit)
+    ctx = Context(args, rank, world_size, log=log)
+    with import_beats(log, rank):
+        import_targets(ctx, args.allow_jit)
     log.write({"event": "imported", "rank": rank})  # progress: importing takes minutes on a busy machine
     init_distributed(ctx, args.timeout)
     names = [n for n in args.checks.split(",") if n]

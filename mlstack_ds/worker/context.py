@@ -18,8 +18,9 @@ RECEIPT_RELATIVE = ("share", "mlstack-ds", "receipt.json")
 class Context:
     """What every check needs: rank, world, receipt, and lazily the imported torch/deepspeed."""
 
-    def __init__(self, args, rank, world_size):
+    def __init__(self, args, rank, world_size, log=None):
         self.args = args
+        self.log = log  # the rank's ResultLog, for `progress`
         self.rank = rank
         self.world_size = world_size
         self.out_dir = Path(args.out)
@@ -30,6 +31,11 @@ class Context:
         self.import_error = None
         self.dist_ready = False
         self.dist_error = None
+
+    def progress(self, event, **fields):
+        """One progress line in the rank's file (the tool's stall rule sees it), where there is one."""
+        if self.log is not None:
+            self.log.write({"event": event, "rank": self.rank, **fields})
 
     def need_deepspeed(self):
         if self.deepspeed is None:

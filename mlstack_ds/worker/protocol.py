@@ -5,8 +5,11 @@ this module (mlstack_ds/launch/session.py imports it; it needs nothing beyond th
 - every rank appends JSON lines to `DIR/rank<R>.jsonl` (`ResultLog`), each with an `event`; the checks
   write `hello` at start, `imported` once torch and DeepSpeed are, `{"event": "start", "check": ...}`
   before a check and `{"event": "result", ...}` after it, so a rank that hangs or dies still leaves the
-  checks it finished and the one it was in, and the tool sees each step as progress; bench writes one
-  `{"event": "bench", ...}` line with its measurements or why it stopped;
+  checks it finished and the one it was in, and the tool sees each step as progress; in between, a
+  training check writes `engine` and one `step` per step (each after a collective, so a rank stuck on a
+  lost peer writes none), and an import that computes writes `working` now and then (`import_beats`):
+  on a node ten times slower than the others those are minutes without any other line;
+  bench writes one `{"event": "bench", ...}` line with its measurements or why it stopped;
 - at the end of the checks rank 0 gathers every rank's results (through torch.distributed, so remote
   nodes count too) into `DIR/summary.json`; bench's rank 0 appends its steps to `DIR/progress.jsonl`.
 Nodes that do not share the head's file system are fetched `RESULTS_GLOB` back after a launch.
@@ -25,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +40,11 @@ SLOW_FAULT_S = 60.0
 RESULTS_GLOB = "rank*.jsonl"
 SUMMARY_FILE = "summary.json"
 PROGRESS_FILE = "progress.jsonl"
+# `import_beats`: every BEAT_INTERVAL_S, a `working` line if the rank used at least this share of one CPU
+# meanwhile. A rank at a tenth of a CPU (a throttled node) uses 10 %; one blocked on a file lock or a
+# dead file system, next to nothing.
+BEAT_INTERVAL_S = 5.0
+BEAT_MIN_CPU_SHARE = 0.02
 
 
 def rank_file(out_dir, rank):
@@ -104,14 +113,43 @@ class ResultLog:
     def __init__(self, out_dir, rank):
         self.path = rank_file(out_dir, rank)
         self.records = []
+        self._lock = threading.Lock()  # import_beats writes from a thread of its own
 
     def write(self, record):
-        with self.path.open("a", encoding="utf-8") as handle:
+        with self._lock, self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, default=str) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
         if record.get("event") == "result":
             self.records.append(record)
+
+
+@contextlib.contextmanager
+def import_beats(log, rank, interval_s=BEAT_INTERVAL_S, min_cpu_share=BEAT_MIN_CPU_SHARE):
+    """While the block runs, a `working` line every `interval_s` in which this process used CPU.
+
+    For the imports only: torch and DeepSpeed take a few CPU seconds, minutes on a throttled or busy node,
+    and nothing else can be written meanwhile, so the tool's stall rule would see a healthy slow rank as a
+    stall. CPU, not the clock: an import blocked on a lock writes nothing and stays a stall. Never around
+    collectives: a GPU rank waiting on a lost peer can spin a CPU, which is not progress."""
+    stop = threading.Event()
+
+    def beat():
+        last = time.process_time()
+        while not stop.wait(interval_s):
+            now = time.process_time()
+            if now - last >= interval_s * min_cpu_share:
+                with contextlib.suppress(OSError):
+                    log.write({"event": "working", "rank": rank, "cpu_s": round(now, 2)})
+            last = now
+
+    thread = threading.Thread(target=beat, name="mlstack-import-beats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def die_with_parent():

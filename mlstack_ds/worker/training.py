@@ -117,6 +117,7 @@ class PairedRun:
         model, self.reference, self.ref_optimizer = paired_models(torch, device, seed)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=config)
+        ctx.progress("engine")
         x, y = global_batch(torch, ctx.world_size, device)
         rows = slice(ctx.rank * MICRO_BATCH, (ctx.rank + 1) * MICRO_BATCH)
         self.local = (x[rows].to(self.engine.device), y[rows].to(self.engine.device))
@@ -131,6 +132,7 @@ class PairedRun:
         value = loss.detach().float().reshape(1)  # stays on the device: NCCL/RCCL reduce no CPU tensors
         torch.distributed.all_reduce(value)
         self.losses.append(value.item() / self.ctx.world_size)
+        self.ctx.progress("step", step=len(self.losses))  # after the all-reduce: every rank got this far
         self.ref_optimizer.zero_grad()
         ref_loss = self.reference(*self.full)
         ref_loss.backward()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,3 +56,38 @@ def test_the_worker_leaves_without_interpreter_finalization() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[0]) and "FINALIZED" not in done.stdout
+
+
+def _events(path) -> list[str]:
+    return [json.loads(line)["event"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_an_import_that_computes_writes_working_lines(tmp_path) -> None:
+    """A rank importing torch on a throttled node computes for minutes without any other line: the beats are
+    the stall rule's only sign of it (the slow-node tests of tests/multinode failed without them)."""
+    log = protocol.ResultLog(tmp_path, 1)
+    with protocol.import_beats(log, 1, interval_s=0.05):
+        until = time.process_time() + 0.6
+        while time.process_time() < until:
+            pass
+    events = _events(log.path)
+    assert len(events) >= 3 and set(events) == {"working"}, events
+
+
+def test_an_import_that_waits_writes_nothing(tmp_path) -> None:
+    """Blocked (on a lock, a dead file system) is not progress: no line, so it stays a stall."""
+    log = protocol.ResultLog(tmp_path, 0)
+    with protocol.import_beats(log, 0, interval_s=0.05):
+        time.sleep(0.6)
+    assert _events(log.path) == []
+
+
+def test_progress_lines_go_to_the_ranks_file_where_there_is_one(tmp_path) -> None:
+    from mlstack_ds.worker.context import Context
+
+    args = argparse.Namespace(out=str(tmp_path), receipt=str(tmp_path / "none.json"))
+    log = protocol.ResultLog(tmp_path, 1)
+    Context(args, 1, 2, log=log).progress("step", step=3)
+    Context(args, 1, 2).progress("step", step=4)  # bench's context has no log: nothing, no error
+    assert [json.loads(line) for line in log.path.read_text().splitlines()] == [
+        {"event": "step", "rank": 1, "step": 3}]
