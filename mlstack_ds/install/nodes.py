@@ -313,13 +313,15 @@ def group_nodes(nodes: NodeTransport, facts: Sequence[NodeFacts], wheel: Path | 
 
 def copy_cache_entry(nodes: NodeTransport, host: str, wheel: Path, cache_root: Path) -> str:
     """Make the cache entry holding `wheel` (its directory: the wheel and build.json) exist at the same path
-    on `host`, which does not see this host's: "present" (it has the same wheel) or "copied" (into the
-    cache's tmp/, then renamed into place, so a cut copy is never a valid entry)."""
-    digest = sha256_of(wheel)
-    there = nodes.run(host, ["sha256sum", wheel])
-    if there.ok and there.stdout.split()[:1] == [digest]:
-        return "present"
+    on `host`, which does not see this host's: "present" (it has the same wheel and build record) or "copied"
+    (into the cache's tmp/, then renamed into place, so a cut copy is never a valid entry). Both files are
+    compared: the node checks its entry against the record before installing, and a record cut short there
+    would fail the node with a hint about a cache the user never wrote to; this one, checked here, repairs it."""
     entry = wheel.parent
+    files = [wheel, entry / "build.json"]
+    there = nodes.run(host, ["sha256sum", *files])
+    if there.ok and [line.split()[:1] for line in there.stdout.splitlines()] == [[sha256_of(f)] for f in files]:
+        return "present"
     incoming = cache_root / "tmp" / f"incoming-{secrets.token_hex(6)}"
     nodes.copy_to(host, entry, incoming)
     moved = nodes.run(host, ["sh", "-c", 'mkdir -p "$(dirname "$2")" && rm -rf -- "$2" && mv -- "$1" "$2" '

@@ -9,6 +9,7 @@ clients stay: the namespaces have no package index, and pip must find every requ
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -80,6 +81,26 @@ def test_node_local_venvs_get_the_wheel_copied_and_a_receipt_each(
     entry = next((copied / "wheels").iterdir())
     assert entry.name == key and {p.name for p in entry.iterdir()} >= {"build.json", Path(document["wheel"]).name}
     assert not list((copied / "tmp").glob("incoming-*"))
+
+
+def test_a_nodes_corrupt_cache_entry_is_replaced_by_the_heads(
+        node_local_hosts: Callable[..., AbstractContextManager[TwoHosts]], target: Path, warm_cache: Path,
+        tmp_path: Path) -> None:
+    """Node b's own cache already holds the entry with the same wheel but a build record cut short (a full disk,
+    a killed copy): the head copies its own entry over it, so node b installs, instead of "present" by the
+    wheel's hash alone and node b failing on its own cache with a --rebuild hint meant for a cache of the
+    head's (issue 42: a node's corrupt cache entry)."""
+    (entry,) = (warm_cache / "wheels").iterdir()
+    theirs = tmp_path / "mls-node-b-own-0" / "wheels" / entry.name  # node b's node-local cache (node_local_hosts)
+    shutil.copytree(entry, theirs)
+    (theirs / "build.json").write_text('{"source_commit": "0123', encoding="utf-8")
+    with node_local_hosts(target, first_node_only=[warm_cache], hardlinks=True) as hosts:
+        result = install(hosts, hosts.hostfile(), target, warm_cache, "--no-verify")
+        assert result.returncode == 0, result.stderr
+        nodes = by_host(json.loads(result.stdout))
+        assert [(nodes[n]["action"], nodes[n]["cache"]) for n in NODE_NAMES] == [
+            ("installed", "shared"), ("installed", "copied")]
+    assert (theirs / "build.json").read_bytes() == (entry / "build.json").read_bytes()
 
 
 def test_a_failing_node_rolls_back_the_nodes_already_installed(
