@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -219,7 +220,10 @@ def test_lightning_check_trains_like_plain_torch_once_lightning_allows_the_cpu(t
     for stage in (2, 3):
         found = check["details"][f"zero{stage}"]
         assert found["engine"] == f"DeepSpeedEngine ZeRO-{stage}"
-        assert len(found["losses"]) == 5 and found["losses"][0] == found["reference_losses"][0]
+        # The first step starts from the same weights: the same loss, up to the report's rounding to 6 places
+        # (a full run of 96f3318 got 15.205458 against 15.205457; equality failed it).
+        assert len(found["losses"]) == 5
+        assert math.isclose(found["losses"][0], found["reference_losses"][0], rel_tol=1e-6, abs_tol=2e-6), found
 
 
 def test_deepspeed_missing_fails_every_check_with_the_reason(torch_only_python: Path) -> None:
