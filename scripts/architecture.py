@@ -21,7 +21,7 @@ DOC = REPO / "docs" / "architecture.md"
 # Low to high; a unit (a top-level package, or a module at the root) imports its own modules and those of
 # lower layers only, never another unit of its own layer unless SAME_LAYER lists the pair.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundations", ("__init__", "errors", "resources", "tomlcompat")),
+    ("foundations", ("__init__", "errors", "patience", "resources", "tomlcompat")),
     ("on the foundations", ("console", "gfx", "runner", "textfile")),
     ("recipes", ("recipe",)),
     ("scripts for the target or a node", ("target_side",)),
