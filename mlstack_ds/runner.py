@@ -1,8 +1,9 @@
 """The one place that starts subprocesses.
 
-Why one place: argv lists only (never a shell), a time-out on every call, the child's whole process
+Why one place: argv lists only (never a shell), a `Patience` on every call (mlstack_ds/patience.py: the
+one table of the tool's waits, so no caller brings a number of its own), the child's whole process
 group killed on time-out so nothing is left running, and uniform errors (`ToolMissing`,
-`ToolTimedOut`) that callers turn into warnings or user-facing messages.
+`ToolTimedOut`, `ToolStalled`) that callers turn into warnings or user-facing messages.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mlstack_ds.errors import ToolError, ToolMissing, ToolStalled, ToolTimedOut
+from mlstack_ds.patience import WAITS, Patience
 
-DEFAULT_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
 
@@ -62,13 +63,12 @@ def which(name: str, extra_dirs: Iterable[Path] = (), path: str | None = None) -
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    patience: Patience,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     input_text: str | None = None,
     pass_fds: Sequence[int] = (),
     terminate_s: float = 0.0,
-    stall_s: float | None = None,
     progress: Callable[[], object] | None = None,
 ) -> RunResult:
     """Run `argv` to completion, capturing text output; raise ToolMissing/ToolTimedOut/ToolError.
@@ -77,7 +77,8 @@ def run(
     child keeps (an install lock, held as long as the pip holding it runs). On time-out or Ctrl-C the
     child's session is SIGKILLed; with `terminate_s`, it gets SIGTERM first and that long to exit (srun:
     SIGTERM makes it kill its job step on every node, SIGKILL would leave the step running).
-    `stall_s`, `progress`: see `wait_patiently` (`timeout` is then the ceiling).
+    `patience` (an entry of patience.WAITS, or a user's option made into one), `progress`: see
+    `wait_patiently`.
     """
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
@@ -91,8 +92,8 @@ def run(
         return proc.communicate(input=sent, timeout=seconds)
 
     try:
-        stdout, stderr = wait_patiently(proc, communicate, args, started=started, timeout=timeout,
-                                        stall_s=stall_s, progress=progress)
+        stdout, stderr = wait_patiently(proc, communicate, args, started=started, patience=patience,
+                                        progress=progress)
     except BaseException:
         _terminate(proc, terminate_s)
         raise
@@ -103,22 +104,22 @@ POLL_S = 1.0  # how often a patient wait looks at the child's progress
 
 
 def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args: tuple[str, ...], *,
-                   started: float, timeout: float, stall_s: float | None,
-                   progress: Callable[[], object] | None = None) -> T:
-    """`wait(seconds)` (raising TimeoutExpired) until the child ends; ToolTimedOut when `timeout` s have
-    passed since `started`, or, with `stall_s`, ToolStalled when it made no progress for that long:
+                   started: float, patience: Patience, progress: Callable[[], object] | None = None) -> T:
+    """`wait(seconds)` (raising TimeoutExpired) until the child ends; ToolTimedOut when `patience.ceiling_s`
+    have passed since `started`, or, with `patience.stall_s`, ToolStalled when it made no progress for that long:
     `progress()` returned the same value all that time (default: its session's CPU, faults and I/O).
 
     Why progress and not only wall time: a torch import takes 10 s on a quiet machine and minutes on one
     thrashing under parallel compiles (measured: 111 s at a load of 25, against a 120 s limit). Killed
     there, the tool answered "PyTorch is not installed". A hung driver or lock uses no CPU and reads
     nothing, so it is still stopped after `stall_s`; a slow import keeps going up to the ceiling."""
-    deadline = started + timeout
+    ceiling_s, stall_s = patience.ceiling_s, patience.stall_s
+    deadline = started + ceiling_s
     if stall_s is None:
         try:
             return wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired as exc:
-            raise _timed_out(args, timeout) from exc
+            raise _timed_out(args, ceiling_s) from exc
     look = progress if progress is not None else lambda: session_progress(proc.pid)
     seen, moved = look(), time.monotonic()
     while True:
@@ -131,7 +132,7 @@ def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args
             if current != seen:
                 seen, moved = current, now
             if now >= deadline:
-                raise _timed_out(args, timeout) from exc
+                raise _timed_out(args, ceiling_s) from exc
             if now - moved >= stall_s:
                 raise _stalled(args, stall_s, "" if progress is not None else
                                " (no CPU time, page faults or reads)") from exc
@@ -151,11 +152,10 @@ class Background:
     """A subprocess started now and collected later: one thread asks the slow probe (an interpreter
     importing torch) and, meanwhile, runs the quick tools, and Ctrl-C still stops both at once."""
 
-    def __init__(self, args: tuple[str, ...], timeout: float, env: Mapping[str, str] | None,
-                 input_text: str | None = None, stall_s: float | None = None) -> None:
+    def __init__(self, args: tuple[str, ...], patience: Patience, env: Mapping[str, str] | None,
+                 input_text: str | None = None) -> None:
         self.args = args
-        self.timeout = timeout
-        self.stall_s = stall_s
+        self.patience = patience
         self.started = time.monotonic()
         # Files, not pipes: nobody reads the output until result(), and a full pipe would stall the child.
         self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 close()
@@ -180,7 +180,7 @@ class Background:
         assert self._proc is not None
         try:
             wait_patiently(self._proc, lambda seconds: self._proc.wait(timeout=seconds),  # type: ignore[union-attr]
-                           self.args, started=self.started, timeout=self.timeout, stall_s=self.stall_s)
+                           self.args, started=self.started, patience=self.patience)
         except ToolTimedOut:
             _kill_group(self._proc)
             raise
@@ -211,14 +211,13 @@ class Background:
 def run_in_background(
     argv: Sequence[str | os.PathLike[str]],
     *,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    patience: Patience,
     env: Mapping[str, str] | None = None,
     input_text: str | None = None,
-    stall_s: float | None = None,
 ) -> Iterator[Background]:
     """Start `argv` for the duration of the block; whatever is left running at its end is killed.
-    `stall_s`: see `wait_patiently` (`timeout` is then the ceiling)."""
-    handle = Background(tuple(os.fspath(a) for a in argv), timeout, env, input_text, stall_s)
+    `patience`: see `wait_patiently`."""
+    handle = Background(tuple(os.fspath(a) for a in argv), patience, env, input_text)
     try:
         yield handle
     finally:
@@ -351,9 +350,9 @@ def _stalled(args: tuple[str, ...], stall_s: float, how: str) -> ToolStalled:
     )
 
 
-def _timed_out(args: tuple[str, ...], timeout: float) -> ToolTimedOut:
+def _timed_out(args: tuple[str, ...], ceiling_s: float) -> ToolTimedOut:
     return ToolTimedOut(
-        f"{Path(args[0]).name} did not finish within {timeout:g} s",
+        f"{Path(args[0]).name} did not finish within {ceiling_s:g} s",
         hint="the tool may be hanging on a driver or device; run it by hand to see",
     )
 
@@ -407,6 +406,6 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     try:
-        proc.communicate(timeout=5)
+        proc.communicate(timeout=WAITS["reap killed child"].ceiling_s)
     except (subprocess.TimeoutExpired, ValueError):
         proc.kill()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ DOC = REPO / "docs" / "architecture.md"
 # Low to high; a unit (a top-level package, or a module at the root) imports its own modules and those of
 # lower layers only, never another unit of its own layer unless SAME_LAYER lists the pair.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundations", ("__init__", "errors", "resources", "tomlcompat")),
+    ("foundations", ("__init__", "errors", "patience", "resources", "tomlcompat")),
     ("on the foundations", ("console", "gfx", "runner", "textfile")),
     ("recipes", ("recipe",)),
     ("scripts for the target or a node", ("target_side",)),
@@ -95,9 +96,33 @@ def same_layer_table() -> str:
     return "\n".join(rows)
 
 
+def patience_table() -> str:
+    """patience.WAITS as a table, each wait with the comment above its entry (the reason for its numbers):
+    read from the source, so the page says what the code does and why, with no second copy to keep."""
+    rows = ["| wait | stall rule | ceiling | why |", "|---|---|---|---|"]
+    why: list[str] = []
+    shared = ""  # entries in a row under one comment share it (http connect, http read)
+    for line in (PACKAGE / "patience.py").read_text(encoding="utf-8").splitlines():
+        text = line.strip()
+        entry = re.match(r'"([^"]+)": Patience\(ceiling_s=([\d.]+)(?:, stall_s=([\d.]+))?\),', text)
+        if text.startswith("# --"):
+            why, shared = [], ""
+        elif text.startswith("#"):
+            why.append(text[1:].strip())
+        elif entry:
+            name, ceiling, stall = entry.groups()
+            shared = " ".join(why) or shared
+            why = []
+            rows.append(f"| {name} | {f'{float(stall):g} s' if stall else 'none (fixed)'} | {float(ceiling):g} s "
+                        f"| {shared.replace('|', chr(92) + '|')} |")
+        else:
+            why, shared = [], ""
+    return "\n".join(rows)
+
+
 def blocks() -> dict[str, str]:
     """Each generated part of the page, by the name in its markers."""
-    return {"same-layer": same_layer_table(), "modules": table()}
+    return {"same-layer": same_layer_table(), "modules": table(), "patience": patience_table()}
 
 
 def rendered(page: str) -> str:

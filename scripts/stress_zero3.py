@@ -41,6 +41,7 @@ from pathlib import Path
 from _repo import REPO  # noqa: F401  (this checkout's mlstack_ds importable)
 
 from mlstack_ds.errors import ToolTimedOut
+from mlstack_ds.patience import Patience
 from mlstack_ds.runner import wait_patiently
 
 WORLD_SIZE = 2
@@ -242,7 +243,7 @@ def launch_once(index: int, args: argparse.Namespace) -> RunOutcome:
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             output, _ = wait_patiently(proc, lambda seconds: proc.communicate(timeout=seconds), tuple(argv),
-                                       started=started, timeout=args.timeout, stall_s=args.stall)
+                                       started=started, patience=Patience(args.timeout, args.stall))
         except ToolTimedOut as exc:
             kill_launch(proc)
             output, _ = proc.communicate()

@@ -27,10 +27,14 @@ from mlstack_ds.errors import Interrupted
 from mlstack_ds.launch import launcher, target, ways
 from mlstack_ds.launch.nodes import NodeLaunch
 from mlstack_ds.launch.session import RankRecords, launch_workers
+from mlstack_ds.patience import Patience, stall_rule
 from mlstack_ds.worker.protocol import PROGRESS_FILE
 
 BENCH_MODULE = f"{launcher.WORKER_MODULE}.bench"
 PROGRESS_EVERY_S = 2.0
+# A stage watched by the stall rule may take this many times `--timeout` in all: its start-up (imports,
+# DeepSpeed's initialize), its warm-up and its timed steps may each take up to one `--timeout`.
+STAGE_CEILING_TIMEOUTS = 3
 
 
 @dataclass(frozen=True)
@@ -117,14 +121,25 @@ def worker_args(spec: BenchSpec, stage: str, out_dir: Path, run_id: str) -> list
     return args
 
 
+def stage_patience(timeout_s: float) -> Patience:
+    """bench's `--timeout` as a Patience, verify's rule: a stage is stopped after `timeout_s` with no rank
+    reporting (rank 0's progress lines, every rank's result), and one that keeps reporting gets up to
+    STAGE_CEILING_TIMEOUTS times that. Where the ranks' files are not seen while they run (a node with a
+    copy of the launch directory), `timeout_s` alone bounds the stage, as before."""
+    return stall_rule(timeout_s, timeout_s * STAGE_CEILING_TIMEOUTS)
+
+
 def _run_stage(python: Path, spec: BenchSpec, stage: str, world_size: int, *, over: NodeLaunch | None,
                status: Callable[[str], None], extra_env: Mapping[str, str]) -> StageRun:
+    patience = stage_patience(spec.timeout_s)
     launched = launch_workers(
         python, lambda dirs: worker_args(spec, stage, dirs.results, dirs.run_id), world_size=world_size,
-        over=over, timeout_s=spec.timeout_s, extra_env=extra_env, status=status,
-        prefix="mlstack-bench-", watch=lambda results: ProgressWatcher(results / PROGRESS_FILE, stage, status))
+        over=over, patience=patience, unwatched=Patience(ceiling_s=spec.timeout_s), extra_env=extra_env,
+        status=status, prefix="mlstack-bench-",
+        watch=lambda results: ProgressWatcher(results / PROGRESS_FILE, stage, status))
     ranks = read_ranks(launched.records)
-    verdict, reason = judge(ranks, world_size, launched.outcome, spec.timeout_s)
+    verdict, reason = judge(ranks, world_size, launched.outcome, spec.timeout_s,
+                            ceiling_s=patience.ceiling_s if launched.watched else spec.timeout_s)
     return StageRun(world_size, stage, verdict, reason, ranks, round(launched.outcome.duration_s, 3), launched.argv,
                     tuple(n.to_json() for n in launched.nodes))
 
@@ -140,9 +155,10 @@ def read_ranks(records: RankRecords) -> dict[int, dict[str, Any]]:
 
 
 def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: launcher.LaunchOutcome,
-          timeout_s: float) -> tuple[str, str]:
+          timeout_s: float, *, ceiling_s: float | None = None) -> tuple[str, str]:
     """ok when every rank finished; oom when any rank ran out of memory (the launcher then stops the
-    others, which write nothing); failed otherwise, with the first reason a rank gave or the launch's."""
+    others, which write nothing); failed otherwise, with the first reason a rank gave or the launch's.
+    `timeout_s`: `--timeout` (the stall rule's time); `ceiling_s`: the stage's whole bound (default the same)."""
     ooms = [(rank, record) for rank, record in sorted(ranks.items()) if record.get("status") == "oom"]
     if ooms:
         rank, record = ooms[0]
@@ -152,8 +168,10 @@ def judge(ranks: Mapping[int, Mapping[str, Any]], world_size: int, outcome: laun
         rank, record = problems[0]
         what = "needs a JIT compile (prebuilt ops only)" if record.get("status") == "jit" else "failed"
         return "failed", f"rank {rank} {what} at {record.get('phase', '?')}: {record.get('reason', '')}"
+    if outcome.timed_out and outcome.stalled:
+        return "failed", f"timed out: no rank reported for {timeout_s:g} s (a hang; --timeout)"
     if outcome.timed_out:
-        return "failed", f"timed out after {timeout_s:g} s"
+        return "failed", f"timed out after {ceiling_s if ceiling_s is not None else timeout_s:g} s"
     if outcome.ended_by:
         return "failed", outcome.ended_by
     missing = [rank for rank in range(world_size) if rank not in ranks]

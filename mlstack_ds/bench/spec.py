@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mlstack_ds.config.model import PRESETS
 from mlstack_ds.errors import UsageError
+from mlstack_ds.patience import BENCH_TIMEOUT_S
 
 STAGES = ("ddp", "0", "1", "2", "3")
 DEFAULT_STAGES = ("ddp", "0", "2", "3")
@@ -50,7 +51,7 @@ class BenchSpec:
     config_json: str | None = None  # the --config file as DeepSpeed read it (hjson allowed), as JSON
     memory_cap: int = 0  # bytes per rank; 0: none
     hostfile: Path | None = None
-    timeout_s: float = 600.0
+    timeout_s: float = BENCH_TIMEOUT_S
     slurm: bool = False  # `--slurm`: the allocation's nodes, ranks started by srun
     node_counts: tuple[int, ...] = ()  # `--nodes 1,2` with --slurm: the first N nodes of the allocation each
 

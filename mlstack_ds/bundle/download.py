@@ -24,9 +24,9 @@ from packaging.version import InvalidVersion, Version
 
 from mlstack_ds.bundle.manifest import BundleTarget
 from mlstack_ds.errors import FetchError, ToolError, UsageError
+from mlstack_ds.patience import WAITS
 from mlstack_ds.runner import run
 
-PIP_TIMEOUT_S = 1800.0
 STUB_LABEL = "mlstack.bundle.stub"
 # Never bundled: the target's accelerator stack (install/wheel.py holds the same names when it installs).
 NEVER_BUNDLED = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm"})
@@ -111,7 +111,7 @@ def pip_download(python: str, requirements: Sequence[str], dest: Path, target: B
     stand-in (and anything of NEVER_BUNDLED, which the stub's constraint should already keep out) left out."""
     dest.mkdir(parents=True, exist_ok=True)
     try:
-        result = run(download_argv(python, requirements, dest, target, stub), timeout=PIP_TIMEOUT_S)
+        result = run(download_argv(python, requirements, dest, target, stub), patience=WAITS["pip download"])
     except ToolError as exc:
         raise FetchError(f"pip could not run: {exc.message}", hint="install pip into this Python") from exc
     if not result.ok:

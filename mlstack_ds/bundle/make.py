@@ -48,6 +48,7 @@ from mlstack_ds.index.publish import (
 )
 from mlstack_ds.index.simple import PLAN_SUFFIX, PROJECT, project_page, root_page
 from mlstack_ds.patches import series_for_recipe
+from mlstack_ds.patience import WAITS
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.resources import PACKAGE_DIR, data_dir
 from mlstack_ds.runner import run
@@ -58,7 +59,6 @@ from mlstack_ds.source.fetch import fetch_archive, parse_source_spec
 # setuptools): setuptools' bdist_wheel is there from 70.1; `wheel` adds it to older ones; ninja builds ops at once.
 SOURCES_DIR = "sources"
 PATCHES_DIR = "patches"
-_WHEEL_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,7 @@ def build_tool_wheel(python: str, into: Path, status: Callable[[str], None]) -> 
     status(f"building the mlstack-ds wheel from {root}")
     try:
         result = run([python, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "--progress-bar",
-                      "off", "-w", str(into), str(root)], timeout=_WHEEL_TIMEOUT_S)
+                      "off", "-w", str(into), str(root)], patience=WAITS["pip wheel"])
     except ToolError as exc:
         raise BuildError(f"pip could not run: {exc.message}", hint="install pip into this Python") from exc
     wheels = sorted(into.glob("mlstack_ds-*.whl"))

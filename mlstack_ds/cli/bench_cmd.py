@@ -44,6 +44,7 @@ from mlstack_ds.config.sizes import parse_size
 from mlstack_ds.console import make_output
 from mlstack_ds.errors import BenchFailed, UsageError
 from mlstack_ds.launch.target import refuse_world_size_with_hostfile
+from mlstack_ds.patience import BENCH_TIMEOUT_S
 
 BENCH_HELP = (
     "Measure training throughput (samples/s, tokens/s, model TFLOP/s) and peak memory per rank of a GPT-like "
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
             "--memory-cap", metavar="SIZE",
             help="Memory each rank may use for the model and its training (e.g. 8GiB); beyond it the stage is "
             "OOM. Plans a smaller card on a larger one.")] = None,
-        timeout: BenchTimeoutOption = 600.0,
+        timeout_s: BenchTimeoutOption = BENCH_TIMEOUT_S,
         plot: Annotated[Path | None, typer.Option(
             "--plot", metavar="FILE.png", help="Also draw throughput, memory and scaling (needs mlstack-ds[plot]).")]
         = None,
@@ -114,7 +115,7 @@ def register(app: typer.Typer) -> None:
             seq_len=positive("--seq-len", seq_len if seq_len is not None else default_seq_len(chosen)),
             precision=precision, config=config, config_json=config_json,
             memory_cap=parse_size("--memory-cap", memory_cap) if memory_cap is not None else 0,
-            hostfile=hostfile, timeout_s=positive_seconds("--timeout", timeout), slurm=slurm,
+            hostfile=hostfile, timeout_s=positive_seconds("--timeout", timeout_s), slurm=slurm,
             node_counts=parse_node_counts(nodes, slurm))
         runs, platform = run_bench(spec, python, status=output.status)
         report = build_report(spec, runs, str(python), this_machine(platform))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from typing import Annotated, cast
 
 import typer
 from rich.markup import escape
@@ -10,6 +11,8 @@ from rich.markup import escape
 from mlstack_ds.cli.options import JsonOption, PythonOption
 from mlstack_ds.console import Output, make_output, print_records
 from mlstack_ds.detect import Environment, detect
+from mlstack_ds.errors import UsageError
+from mlstack_ds.patience import WAITS
 
 
 def register(app: typer.Typer) -> None:
@@ -17,9 +20,11 @@ def register(app: typer.Typer) -> None:
     def detect_command(
         json_output: JsonOption = False,
         python: PythonOption = None,
-        tool_timeout: Annotated[float, typer.Option(
-            "--tool-timeout", min=0.1, help="Seconds each ROCm/NVIDIA tool may take before it counts as hung.")]
-        = 30.0,
+        tool_timeout_s: Annotated[float, typer.Option(
+            "--tool-timeout", min=0.1, help="Seconds a ROCm/NVIDIA tool may go without progress (CPU time, reads) "
+            f"before it counts as hung; one still working gets up to {WAITS['rocm tool'].ceiling_s:g} s (or this "
+            "if longer).")]
+        = cast(float, WAITS["rocm tool"].stall_s),
     ) -> None:
         """Report the platform (rocm/cuda/cpu), ROCm version, GPU targets, PyTorch build and environment.
 
@@ -27,7 +32,9 @@ def register(app: typer.Typer) -> None:
         failing or hanging tool is reported as a warning, never as a crash.
         """
         output = make_output(json_output)
-        environment = detect(python=python, tool_timeout=tool_timeout)
+        if not math.isfinite(tool_timeout_s):
+            raise UsageError(f"--tool-timeout {tool_timeout_s:g}: must be a finite number of seconds", hint="e.g. 30")
+        environment = detect(python=python, tool_patience=WAITS["rocm tool"].with_stall(tool_timeout_s))
         if json_output:
             output.emit_json(environment.to_dict())
         else:

@@ -160,7 +160,9 @@ def _timeout(bounds: str) -> Any:
 
 VerifyTimeoutOption = _timeout("a launch may go with no rank reporting (a hang; a slow machine keeps reporting), "
                                "and as many per check at most; over --hostfile, seconds for the whole run")
-BenchTimeoutOption = _timeout("per stage")
+BenchTimeoutOption = _timeout("a stage may go with no rank reporting (a hang; a slow machine keeps reporting), "
+                              "and three times that in all; where a node's files come back only at the end, "
+                              "seconds per stage")
 
 
 def _ds_config(use: str) -> Any:

@@ -21,9 +21,10 @@ from mlstack_ds.cluster.slurm import sbatch_script
 from mlstack_ds.console import make_output
 from mlstack_ds.dsconfig.check import load_checked_config
 from mlstack_ds.errors import UsageError, VerifyFailed
+from mlstack_ds.patience import VERIFY_TIMEOUT_S
 from mlstack_ds.verify.checks import CHECK_NAMES
 from mlstack_ds.verify.report import render_report
-from mlstack_ds.verify.suite import DEFAULT_TIMEOUT_S, VerifyOptions, run_verify
+from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
 VERIFY_HELP = (
     "Run real training steps through the installed DeepSpeed on several ranks, check by check. "
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
         skip: Annotated[str | None, typer.Option("--skip", help="Comma-separated checks to leave out.")]
         = None,
         json_output: JsonOption = False,
-        timeout: VerifyTimeoutOption = DEFAULT_TIMEOUT_S,
+        timeout_s: VerifyTimeoutOption = VERIFY_TIMEOUT_S,
         hostfile: VerifyHostfileOption = None,
         isolate: Annotated[bool, typer.Option("--isolate", help="One launch per check (slower; for triage).")]
         = False,
@@ -52,12 +53,12 @@ def register(app: typer.Typer) -> None:
             "--slurm (submit it with `sbatch FILE`), and exit.")] = False,
     ) -> None:
         if print_sbatch:
-            _print_sbatch(slurm, python, world_size, only, skip, timeout)
+            _print_sbatch(slurm, python, world_size, only, skip, timeout_s)
             return
         output = make_output(json_output)
         ds_config = load_checked_config(config, python) if config is not None else None
         report = run_verify(
-            VerifyOptions(python=python, world_size=world_size, only=only, skip=skip, timeout_s=timeout,
+            VerifyOptions(python=python, world_size=world_size, only=only, skip=skip, timeout_s=timeout_s,
                           hostfile=hostfile, isolate=isolate, ds_config=ds_config,
                           slurm=slurm),
             status=output.status,
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_sbatch(slurm: bool, python: Path, world_size: int | None, only: str | None, skip: str | None,
-                  timeout: float) -> None:
+                  timeout_s: float) -> None:
     """`verify --slurm --print-sbatch`: the batch script on stdout; needs no allocation (it makes one)."""
     if not slurm:
         raise UsageError("--print-sbatch goes with --slurm", hint="mlstack-ds verify --slurm --print-sbatch > job.sh")
@@ -84,6 +85,6 @@ def _print_sbatch(slurm: bool, python: Path, world_size: int | None, only: str |
         raise UsageError("--world-size cannot be combined with --slurm",
                          hint="the script's #SBATCH --ntasks-per-node decides the ranks per node")
     args = [*(["--only", only] if only else []), *(["--skip", skip] if skip else []),
-            *(["--timeout", f"{timeout:g}"] if timeout != DEFAULT_TIMEOUT_S else [])]
+            *(["--timeout", f"{timeout_s:g}"] if timeout_s != VERIFY_TIMEOUT_S else [])]
     tool = [sys.executable, "-m", "mlstack_ds"]
     sys.stdout.write(sbatch_script(tool, str(python), args))

@@ -25,6 +25,7 @@ from typing import Any
 from mlstack_ds.detect.marked import marked_object
 from mlstack_ds.detect.target_probe import TargetFacts, parse_target_output
 from mlstack_ds.installed.receipt import Receipt
+from mlstack_ds.patience import WAITS
 from mlstack_ds.target_side import mlstack_connect_check as connect_module
 from mlstack_ds.target_side import mlstack_platform_tags as tags_module
 from mlstack_ds.target_side import mlstack_probe_target as probe_module
@@ -36,9 +37,8 @@ IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # What a Slurm task sees that decides its devices and threads (`doctor --slurm`'s pitfalls).
 TASK_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                   "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NODEID", "SLURM_PROCID")
-# The probe imports torch on the node, and ssh's connect and the shell part come on top. Wall time: ssh
-# waits idle while the node works, so the local ssh's progress says nothing about the node's.
-NODE_TIMEOUT_S = 150.0
+# How long a node's answer may take: patience.WAITS["node probe"] (a fixed bound as long as the local
+# probe's ceiling; the table says why the stall rule cannot watch it from here).
 # The end lines of the here-documents that carry target_side modules' text to a node's `python -`.
 _HEREDOC_END = "MLSTACK_NODE_PROBE_END"
 _CONNECT_END = "MLSTACK_NODE_CONNECT_END"
@@ -147,11 +147,12 @@ def node_script(python: Path, tool: Path, rendezvous: tuple[str, int] | None = N
     slurm = ""
     if rendezvous is not None:
         host, port = shlex.quote(rendezvous[0]), int(rendezvous[1])
+        connect_s = WAITS["rendezvous connect"].ceiling_s
         slurm = (f"echo '{SECTION}task_env'\n"
                  + "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in TASK_VARIABLES)
                  + f"echo '{SECTION}rendezvous'; getent ahosts {host} 2>/dev/null\n"
                  f"echo '{SECTION}port'; if test -x {py}; then "
-                 + _heredoc(f"{py} - {host} {port} 2>&1", connect_module, _CONNECT_END) + "fi\n")
+                 + _heredoc(f"{py} - {host} {port} {connect_s:g} 2>&1", connect_module, _CONNECT_END) + "fi\n")
     variables = "".join(f'printf "%s=%s\\n" {v} "${{{v}-}}"\n' for v in IFNAME_VARIABLES)
     return (
         f"echo '{SECTION}hostname'; hostname\n"

@@ -23,12 +23,11 @@ from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolMissing, ToolTimedOut
+from mlstack_ds.patience import WAITS, Patience
 
 SERVER_ALIVE_S = (15, 4)  # a keepalive every 15 s; 4 unanswered ones: the node is gone
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", f"ServerAliveInterval={SERVER_ALIVE_S[0]}",
                "-o", f"ServerAliveCountMax={SERVER_ALIVE_S[1]}")
-STOP_GRACE_S = 120  # a stopped node's tool finishes the package swap it is in (pip under load) before it exits
-DEFAULT_TIMEOUT_S = 60.0
 # ssh sessions at once when every node is asked the same (sshd's default MaxStartups 10:30:100 limits
 # unauthenticated connections per target node, not the fan-out; the head's key exchanges are the limit)
 MAX_PARALLEL_NODES = 32
@@ -53,22 +52,22 @@ def ssh_argv(host: str, command: Sequence[str | Path]) -> list[str]:
     return ["ssh", *SSH_OPTIONS, host, "--", shlex.join(map(str, command))]
 
 
-def run_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT_TIMEOUT_S,
+def run_on(host: str, command: Sequence[str | Path], *, patience: Patience = WAITS["ssh command"],
            env: Mapping[str, str] | None = None, input_text: str | None = None) -> runner.RunResult:
     """`command` on `host` (exit code and output of the remote command; 255 when ssh itself failed)."""
     try:
-        return runner.run(ssh_argv(host, command), timeout=timeout, env=env, input_text=input_text)
+        return runner.run(ssh_argv(host, command), patience=patience, env=env, input_text=input_text)
     except ToolMissing as exc:
         raise EnvironmentProblem("ssh is not installed on this host",
                                  hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc
 
 
-def start_on(host: str, command: Sequence[str | Path], *, timeout: float = DEFAULT_TIMEOUT_S,
+def start_on(host: str, command: Sequence[str | Path], *, patience: Patience = WAITS["ssh command"],
              env: Mapping[str, str] | None = None, input_text: str | None = None
              ) -> AbstractContextManager[runner.Background]:
     """`command` on `host` in the background, for a caller that wants what it printed before a time-out
     (`Background.partial_stdout`): a remote probe that prints in stages keeps the stages it finished."""
-    return runner.run_in_background(ssh_argv(host, command), timeout=timeout, env=env, input_text=input_text)
+    return runner.run_in_background(ssh_argv(host, command), patience=patience, env=env, input_text=input_text)
 
 
 def unreachable(result: runner.RunResult, host: str) -> NodeUnreachable | None:
@@ -80,34 +79,35 @@ def unreachable(result: runner.RunResult, host: str) -> NodeUnreachable | None:
     return NodeUnreachable(host, re.sub(r"^ssh: ", "", reason))
 
 
-def check_reachable(host: str, *, timeout: float = 30.0, env: Mapping[str, str] | None = None
-                    ) -> NodeUnreachable | None:
+def check_reachable(host: str, *, patience: Patience = WAITS["reachable check"],
+                    env: Mapping[str, str] | None = None) -> NodeUnreachable | None:
     """None when `ssh host hostname` works, else why not (refused, no route, no key, time-out)."""
     try:
-        result = run_on(host, ["hostname"], timeout=timeout, env=env)
+        result = run_on(host, ["hostname"], patience=patience, env=env)
     except ToolTimedOut:
-        return NodeUnreachable(host, f"no answer within {timeout:g} s")
+        return NodeUnreachable(host, f"no answer within {patience.ceiling_s:g} s")
     return unreachable(result, host) if not result.ok else None
 
 
-def copy_to(host: str, local: Path, remote_parent: Path, *, timeout: float = 300.0,
+def copy_to(host: str, local: Path, remote_parent: Path, *, patience: Patience = WAITS["copy to node"],
             env: Mapping[str, str] | None = None) -> None:
     """Copy the file or directory `local` into `remote_parent` on `host` (created if missing)."""
     _checked(run_on(host, ["mkdir", "-p", remote_parent], env=env), host, f"creating {remote_parent}")
-    _checked(_scp(["-r", "-q", str(local), f"{host}:{remote_parent}/"], timeout, env), host,
+    _checked(_scp(["-r", "-q", str(local), f"{host}:{remote_parent}/"], patience, env), host,
              f"copying {local.name} to {remote_parent}")
 
 
-def fetch_from(host: str, remote_paths: Sequence[Path], local_dir: Path, *, timeout: float = 120.0,
+def fetch_from(host: str, remote_paths: Sequence[Path], local_dir: Path, *,
+               patience: Patience = WAITS["copy from node"],
                env: Mapping[str, str] | None = None) -> runner.RunResult:
     """Copy `remote_paths` (globs allowed) from `host` into `local_dir`; the caller reads the result
     (a node that wrote nothing is not an error here)."""
-    return _scp(["-q", *(f"{host}:{p}" for p in remote_paths), str(local_dir)], timeout, env)
+    return _scp(["-q", *(f"{host}:{p}" for p in remote_paths), str(local_dir)], patience, env)
 
 
-def stop_marked(host: str, marker: str, *, grace_s: int = STOP_GRACE_S,
+def stop_marked(host: str, marker: str, *, grace: Patience = WAITS["stop grace"],
                 env: Mapping[str, str] | None = None) -> None:
-    """SIGTERM every process on `host` whose command line contains `marker`, up to `grace_s` for them to end,
+    """SIGTERM every process on `host` whose command line contains `marker`, up to `grace` for them to end,
     then SIGKILL what is left (best effort: the node may be gone). SIGTERM first, because this tool stops
     cleanly on it (a package swap in progress is finished, its pip never left running); SIGKILL would leave
     that pip running on its own. `[x]rest` is a regular expression that matches `marker` but not this script's
@@ -115,15 +115,17 @@ def stop_marked(host: str, marker: str, *, grace_s: int = STOP_GRACE_S,
     pattern = f"[{marker[0]}]{re.escape(marker[1:])}"
     script = ('pkill -TERM -f "$1" || exit 0; i=0; while pgrep -f "$1" >/dev/null; do i=$((i+1)); '
               'if [ "$i" -gt "$2" ]; then pkill -KILL -f "$1"; exit 0; fi; sleep 1; done')
+    grace_s = int(grace.ceiling_s)
+    around = Patience(ceiling_s=grace_s + WAITS["ssh command"].ceiling_s)  # the grace, and ssh's own time around it
     try:
-        run_on(host, ["sh", "-c", script, "sh", pattern, str(grace_s)], timeout=grace_s + 60.0, env=env)
+        run_on(host, ["sh", "-c", script, "sh", pattern, str(grace_s)], patience=around, env=env)
     except ToolError:
         return
 
 
-def _scp(args: Sequence[str], timeout: float, env: Mapping[str, str] | None) -> runner.RunResult:
+def _scp(args: Sequence[str], patience: Patience, env: Mapping[str, str] | None) -> runner.RunResult:
     try:
-        return runner.run(["scp", *SSH_OPTIONS, *args], timeout=timeout, env=env)
+        return runner.run(["scp", *SSH_OPTIONS, *args], patience=patience, env=env)
     except ToolMissing as exc:
         raise EnvironmentProblem("scp is not installed on this host",
                                  hint="install the OpenSSH client (Debian: apt-get install openssh-client)") from exc

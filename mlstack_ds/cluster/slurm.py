@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.errors import EnvironmentProblem, ToolError, UsageError
+from mlstack_ds.patience import WAITS
 
-SCONTROL_TIMEOUT_S = 60.0
 OUTSIDE_HINT = ("run it inside an allocation: `salloc -N2 mlstack-ds ...`, or in an `sbatch` script "
                 "(`mlstack-ds verify --slurm --print-sbatch` prints one)")
 
@@ -62,7 +62,7 @@ def expand_nodelist(nodelist: str, *, env: Mapping[str, str], path: str | None =
         raise EnvironmentProblem("scontrol is not on PATH: the allocation's node list cannot be expanded",
                                  hint="load the Slurm client (e.g. `module load slurm`) or put its bin on PATH")
     try:
-        result = runner.run([scontrol, "show", "hostnames", nodelist], timeout=SCONTROL_TIMEOUT_S, env=env)
+        result = runner.run([scontrol, "show", "hostnames", nodelist], patience=WAITS["scontrol"], env=env)
     except ToolError as exc:
         raise EnvironmentProblem(f"scontrol show hostnames {nodelist}: {exc.message}",
                                  hint="is slurmctld reachable from here (`sinfo`)?") from exc

@@ -13,17 +13,11 @@ from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.cluster.slurm import Allocation
-from mlstack_ds.cluster.srun_steps import (
-    CHECK_TIMEOUT_S,
-    SQUEUE_TIMEOUT_S,
-    find_srun,
-    on_each_node,
-    on_node,
-    stop_steps,
-)
+from mlstack_ds.cluster.srun_steps import find_srun, on_each_node, on_node, stop_steps
 from mlstack_ds.cluster.tool import ToolRun, answered_code, parse_document, tool_argv, tool_timed_out
 from mlstack_ds.cluster.transport import ScriptAnswer
 from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolTimedOut
+from mlstack_ds.patience import WAITS, Patience
 
 # One step for all nodes starts and ends slower than one ssh call (slurmctld, slurmd and every task's
 # start), most under load: a script's time per node is given this much more as a whole step.
@@ -56,26 +50,27 @@ class SrunNodes:
         its own for the check would cost every node's task start again)."""
         find_srun(self.env)
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool(self, host: str, args: Sequence[str | Path], *, patience: Patience,
                  run_id: str | None = None) -> ToolRun:
         """One step, named `run_id` when given (what `stop` cancels)."""
         try:
-            result = on_node(self.allocation, host, tool_argv([*args, "--json"]), timeout_s=timeout_s, env=self.env,
+            result = on_node(self.allocation, host, tool_argv([*args, "--json"]), patience=patience, env=self.env,
                              name=run_id)
         except ToolTimedOut as exc:
-            raise tool_timed_out(host, args, timeout_s) from exc
+            raise tool_timed_out(host, args, patience) from exc
         return ToolRun(result.returncode, parse_document(result.stdout), result.stderr)
 
-    def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool_on_each(self, args: Sequence[str | Path], *, patience: Patience,
                          done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
         """One step; each node's answer is its own document, with the step's stderr for a node that printed
         none (srun's word on why its task did not run, or the tool's traceback)."""
         try:
             answers, result = on_each_node(self.allocation, list(self.hosts),
                                            ["sh", "-c", ALWAYS_ZERO, "sh", *tool_argv([*args, "--json"])],
-                                           timeout_s=timeout_s, env=self.env)
+                                           patience=patience, env=self.env)
         except ToolTimedOut as exc:
-            raise EnvironmentProblem(f"mlstack-ds {args[0]} did not finish on every node within {timeout_s:g} s",
+            raise EnvironmentProblem(f"mlstack-ds {args[0]} did not finish on every node within "
+                                     f"{patience.ceiling_s:g} s",
                                      hint=f"is the allocation still running (`squeue -j {self.allocation.job_id}`)?"
                                      ) from exc
         runs = []
@@ -87,17 +82,17 @@ class SrunNodes:
             runs.append(run)
         return runs
 
-    def script_on_each(self, script: str, *, timeout_s: float,
+    def script_on_each(self, script: str, *, patience: Patience,
                        done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
         """One step of `sh -s` with the script as every task's stdin; a node whose task printed nothing did
         not answer."""
-        step_timeout = timeout_s * STEP_SLACK
+        step = Patience(ceiling_s=patience.ceiling_s * STEP_SLACK)  # srun is idle here: a fixed bound
         try:
             outputs, result = on_each_node(self.allocation, list(self.hosts), ["sh", "-s"], input_text=script,
-                                           timeout_s=step_timeout, env=self.env)
+                                           patience=step, env=self.env)
             silent = f"its srun task did not answer (srun exit {result.returncode})"
         except ToolTimedOut:
-            outputs, silent = {}, f"its srun task did not answer within {step_timeout:g} s"
+            outputs, silent = {}, f"its srun task did not answer within {step.ceiling_s:g} s"
         answers = []
         for host in self.hosts:
             answer = (ScriptAnswer(host, outputs[host]) if host in outputs
@@ -107,17 +102,19 @@ class SrunNodes:
             answers.append(answer)
         return answers
 
-    def run(self, host: str, argv: Sequence[str | Path], *, timeout_s: float = CHECK_TIMEOUT_S) -> runner.RunResult:
-        return on_node(self.allocation, host, argv, timeout_s=timeout_s, env=self.env)
+    def run(self, host: str, argv: Sequence[str | Path], *, patience: Patience = WAITS["srun check step"]
+            ) -> runner.RunResult:
+        return on_node(self.allocation, host, argv, patience=patience, env=self.env)
 
     def sees(self, paths: Sequence[Path]) -> Mapping[str, frozenset[str]]:
         """One step of `ls -d`; each task answers (a marker line first) and ends 0, so that a node missing a path
         neither ends the others' tasks (`--kill-on-bad-exit`) nor passes for a node that ran nothing."""
         try:
             answers, result = on_each_node(self.allocation, list(self.hosts), ["sh", "-c", SEES, "sh", *paths],
-                                           timeout_s=CHECK_TIMEOUT_S, env=self.env)
+                                           patience=WAITS["srun check step"], env=self.env)
         except ToolTimedOut as exc:
-            raise EnvironmentProblem(f"srun did not start a task on every node within {CHECK_TIMEOUT_S:g} s",
+            raise EnvironmentProblem("srun did not start a task on every node within "
+                                     f"{WAITS['srun check step'].ceiling_s:g} s",
                                      hint=self._allocation_hint) from exc
         seen = {}
         for host in self.hosts:
@@ -148,7 +145,7 @@ class SrunNodes:
             return {}
         try:
             out = runner.run([sinfo, "-h", "-N", "-n", ",".join(self.hosts), "-o", "%N %T"],
-                             timeout=SQUEUE_TIMEOUT_S, env=self.env)
+                             patience=WAITS["squeue"], env=self.env)
         except ToolError:
             return {}
         states = dict(line.split(None, 1) for line in out.stdout.splitlines() if len(line.split()) == 2)

@@ -24,11 +24,7 @@ from mlstack_ds.cluster import labelled
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.slurm import Allocation
 from mlstack_ds.errors import EnvironmentProblem, ToolError
-
-TERMINATE_GRACE_S = 30.0  # srun's own teardown after SIGTERM: seconds idle, more under load
-STEP_GONE_TIMEOUT_S = 120.0  # until squeue no longer lists a cancelled step (KillWait 30 s by default, load)
-CHECK_TIMEOUT_S = 180.0  # the per-node pre-launch step: an srun of `ls`, tens of seconds under a load of 15+
-SQUEUE_TIMEOUT_S = 60.0
+from mlstack_ds.patience import WAITS, Patience
 
 
 def step_name(kind: str) -> str:
@@ -51,14 +47,15 @@ def find_srun(env: Mapping[str, str]) -> Path:
     return srun
 
 
-def run_step(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: str, env: Mapping[str, str],
-             cwd: Path | None = None, input_text: str | None = None, stall_s: float | None = None,
+def run_step(argv: Sequence[str], *, patience: Patience, job_id: str, run_id: str, env: Mapping[str, str],
+             cwd: Path | None = None, input_text: str | None = None,
              progress: Callable[[], object] | None = None) -> runner.RunResult:
-    """Run one srun step to completion or time-out (`stall_s`, `progress`: see `runner.wait_patiently`);
+    """Run one srun step to completion or time-out (`patience`, `progress`: see `runner.wait_patiently`);
     afterwards no task of it is left on any node."""
     try:
-        return runner.run(argv, timeout=timeout_s, env=env, cwd=cwd, terminate_s=TERMINATE_GRACE_S,
-                          input_text=input_text, stall_s=stall_s, progress=progress)
+        return runner.run(argv, patience=patience, env=env, cwd=cwd,
+                          terminate_s=WAITS["srun terminate grace"].ceiling_s, input_text=input_text,
+                          progress=progress)
     finally:  # also on Ctrl-C/SIGTERM: srun had its SIGTERM; what Slurm still runs of the step is cancelled
         stop_steps(job_id, run_id, env)
 
@@ -69,16 +66,17 @@ def live_steps(job_id: str, name: str, env: Mapping[str, str]) -> list[str]:
     if squeue is None:
         return []
     with contextlib.suppress(ToolError):
-        out = runner.run([squeue, "-h", "-s", "-j", job_id, "-o", "%i|%j"], timeout=SQUEUE_TIMEOUT_S, env=env)
+        out = runner.run([squeue, "-h", "-s", "-j", job_id, "-o", "%i|%j"], patience=WAITS["squeue"], env=env)
         return [step for step, _, step_name in (line.partition("|") for line in out.stdout.splitlines())
                 if step_name.strip() == name]
     return []
 
 
-def stop_steps(job_id: str, name: str, env: Mapping[str, str], timeout_s: float = STEP_GONE_TIMEOUT_S) -> list[str]:
+def stop_steps(job_id: str, name: str, env: Mapping[str, str], patience: Patience = WAITS["srun step gone"]
+               ) -> list[str]:
     """SIGKILL every task of the steps named `name` (`scancel`) until squeue lists none; returns what is left
-    after `timeout_s` (empty: nothing of the launch runs on any node). One squeue call when already gone."""
-    deadline = time.monotonic() + timeout_s
+    after `patience.ceiling_s` (empty: nothing of the launch runs on any node). One squeue call when already gone."""
+    deadline = time.monotonic() + patience.ceiling_s
     scancel = runner.which("scancel", path=env.get("PATH"))
     while True:
         steps = live_steps(job_id, name, env)
@@ -86,30 +84,30 @@ def stop_steps(job_id: str, name: str, env: Mapping[str, str], timeout_s: float 
             return steps
         if scancel is not None:
             with contextlib.suppress(ToolError):
-                runner.run([scancel, "--signal=KILL", *steps], timeout=SQUEUE_TIMEOUT_S, env=env)
+                runner.run([scancel, "--signal=KILL", *steps], patience=WAITS["squeue"], env=env)
         time.sleep(0.5)
 
 
-def on_each_node(allocation: Allocation, hosts: Sequence[str], argv: Sequence[str | Path], *, timeout_s: float,
+def on_each_node(allocation: Allocation, hosts: Sequence[str], argv: Sequence[str | Path], *, patience: Patience,
                  env: Mapping[str, str], input_text: str | None = None,
                  name: str | None = None) -> tuple[dict[str, str], runner.RunResult]:
     """`argv` once on each of `hosts` in one srun step (one task per node, `--label`, named `name`); returns
     each node's own stdout, whole (`labelled`: a node whose task printed nothing is absent), and the step's
-    result. Raises ToolTimedOut after `timeout_s`, with the step gone."""
+    result. Raises ToolTimedOut after `patience`, with the step gone."""
     entries = [HostEntry(host, 1) for host in hosts]
     name = name or step_name("each")
     command = [str(find_srun(env)), *step_options(allocation, entries, name, 1), "--label",
                *(["--input=all"] if input_text is not None else []), *labelled.wrapped([str(a) for a in argv])]
-    result = run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env,
+    result = run_step(command, patience=patience, job_id=allocation.job_id, run_id=name, env=env,
                       input_text=input_text)
     outputs = labelled.task_outputs(result.stdout)
     return {hosts[task]: text for task, text in outputs.items() if task < len(hosts)}, result
 
 
-def on_node(allocation: Allocation, host: str, argv: Sequence[str | Path], *, timeout_s: float,
+def on_node(allocation: Allocation, host: str, argv: Sequence[str | Path], *, patience: Patience,
             env: Mapping[str, str], name: str | None = None) -> runner.RunResult:
     """`argv` as one task on `host` (an srun step of one task, named `name`), like `ssh host argv`;
-    ToolTimedOut after `timeout_s`, with the step gone."""
+    ToolTimedOut after `patience`, with the step gone."""
     name = name or step_name("on")
     command = [str(find_srun(env)), *step_options(allocation, [HostEntry(host, 1)], name, 1), *map(str, argv)]
-    return run_step(command, timeout_s=timeout_s, job_id=allocation.job_id, run_id=name, env=env)
+    return run_step(command, patience=patience, job_id=allocation.job_id, run_id=name, env=env)

@@ -14,8 +14,7 @@ from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.cluster.tool import ToolRun, check_tool, run_tool
 from mlstack_ds.cluster.transport import ScriptAnswer
 from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
-
-LOST_CHECK_S = 30.0  # `ssh node hostname` after a failed launch: ssh's ConnectTimeout (10 s) and some load
+from mlstack_ds.patience import WAITS, Patience
 
 
 @dataclass(frozen=True)
@@ -58,33 +57,34 @@ class SshNodes:
                                      "file system does it once)")
         check_tool(host)
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool(self, host: str, args: Sequence[str | Path], *, patience: Patience,
                  run_id: str | None = None) -> ToolRun:
-        return run_tool(host, args, timeout=timeout_s, run_id=run_id)
+        return run_tool(host, args, patience=patience, run_id=run_id)
 
-    def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool_on_each(self, args: Sequence[str | Path], *, patience: Patience,
                          done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
-        return on_each(list(self.hosts), lambda host: run_tool(host, args, timeout=timeout_s), done=done,
+        return on_each(list(self.hosts), lambda host: run_tool(host, args, patience=patience), done=done,
                        in_order=True)
 
-    def script_on_each(self, script: str, *, timeout_s: float,
+    def script_on_each(self, script: str, *, patience: Patience,
                        done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
         """One ssh call per node, all at once; a status line as each answers (slow nodes last). Ctrl-C kills
         the ssh calls (read-only work: nothing to finish)."""
-        return on_each(list(self.hosts), lambda host: self._script_on(host, script, timeout_s),
+        return on_each(list(self.hosts), lambda host: self._script_on(host, script, patience),
                        done=None if done is None else lambda _host, answer: done(answer), kill_on_interrupt=True)
 
-    def _script_on(self, host: str, script: str, timeout_s: float) -> ScriptAnswer:
+    def _script_on(self, host: str, script: str, patience: Patience) -> ScriptAnswer:
         """`sh -s` with the script on stdin (the remote command stays `sh -s`, which every login shell, csh
         too, passes on unchanged; a multi-line `sh -c` would not), in the background, so that a step that
         hangs there still leaves everything printed before it."""
         try:
-            with remote.start_on(host, ["sh", "-s"], input_text=script, timeout=timeout_s, env=self.env) as pending:
+            with remote.start_on(host, ["sh", "-s"], input_text=script, patience=patience, env=self.env
+                                 ) as pending:
                 try:
                     result = pending.result()
                 except ToolTimedOut:
                     partial = pending.partial_stdout()
-                    why = f"no answer within {timeout_s:g} s"
+                    why = f"no answer within {patience.ceiling_s:g} s"
                     return ScriptAnswer(host, partial, interrupted=why, timed_out=True)
         except ToolMissing as exc:
             raise EnvironmentProblem("ssh is not installed on this host",
@@ -96,9 +96,9 @@ class SshNodes:
         interrupted = None if result.ok else f"the node's script exited with {result.returncode}: {result.tail(1)}"
         return ScriptAnswer(host, result.stdout, interrupted=interrupted)
 
-    def run(self, host: str, argv: Sequence[str | Path], *, timeout_s: float = remote.DEFAULT_TIMEOUT_S
+    def run(self, host: str, argv: Sequence[str | Path], *, patience: Patience = WAITS["ssh command"]
             ) -> runner.RunResult:
-        result = remote.run_on(host, argv, timeout=timeout_s, env=self.env)
+        result = remote.run_on(host, argv, patience=patience, env=self.env)
         gone = remote.unreachable(result, host)
         if gone is not None:
             raise gone.error()
@@ -120,7 +120,7 @@ class SshNodes:
     def lost(self) -> Mapping[str, str]:
         """One `ssh node hostname` per node, all at once."""
         answers = on_each(list(self.hosts),
-                          lambda host: remote.check_reachable(host, timeout=LOST_CHECK_S, env=self.env))
+                          lambda host: remote.check_reachable(host, patience=WAITS["lost-node check"], env=self.env))
         return {gone.host: f"is {self.no_answer}: {gone.reason}" for gone in answers if gone is not None}
 
     def stop(self, run_id: str) -> None:

@@ -23,6 +23,7 @@ import mlstack_ds
 from mlstack_ds import __version__
 from mlstack_ds.cluster import remote
 from mlstack_ds.errors import EnvironmentProblem, ToolTimedOut
+from mlstack_ds.patience import WAITS, Patience
 from mlstack_ds.target_side import mlstack_package_origin as origin_module
 from mlstack_ds.target_side import source
 
@@ -86,7 +87,8 @@ def check_tool(host: str) -> None:
     otherwise."""
     # From stdin, not by path: a node without this package must answer as an interpreter that cannot
     # import it, not as one that cannot open a file of it.
-    result = remote.run_on(host, [*_interpreter_argv(), "-", "mlstack_ds"], input_text=source(origin_module))
+    result = remote.run_on(host, [*_interpreter_argv(), "-", "mlstack_ds"], input_text=source(origin_module),
+                           patience=WAITS["ssh command"])
     gone = remote.unreachable(result, host)
     if gone is not None:
         raise gone.error()
@@ -99,22 +101,22 @@ def check_tool(host: str) -> None:
                              f"at {_package_file().parent} there ({said})", hint=SAME_PATH_HINT)
 
 
-def run_tool(host: str, args: Sequence[str | Path], *, timeout: float, run_id: str | None = None) -> ToolRun:
+def run_tool(host: str, args: Sequence[str | Path], *, patience: Patience, run_id: str | None = None) -> ToolRun:
     """`mlstack-ds ARGS --json` on `host` (marked with `run_id`: see `tool_argv`); ssh failing (not the
     command) is EnvironmentProblem."""
     try:
-        result = remote.run_on(host, tool_argv([*args, "--json"], run_id=run_id), timeout=timeout)
+        result = remote.run_on(host, tool_argv([*args, "--json"], run_id=run_id), patience=patience)
     except ToolTimedOut as exc:
-        raise tool_timed_out(host, args, timeout) from exc
+        raise tool_timed_out(host, args, patience) from exc
     gone = remote.unreachable(result, host)
     if gone is not None:
         raise gone.error()
     return ToolRun(result.returncode, parse_document(result.stdout), result.stderr)
 
 
-def tool_timed_out(host: str, args: Sequence[str | Path], timeout: float) -> EnvironmentProblem:
+def tool_timed_out(host: str, args: Sequence[str | Path], patience: Patience) -> EnvironmentProblem:
     """The one error of a node whose `mlstack-ds ARGS` outlived its time, whatever reached the node."""
-    return EnvironmentProblem(f"node {host}: mlstack-ds {args[0]} did not finish within {timeout:g} s",
+    return EnvironmentProblem(f"node {host}: mlstack-ds {args[0]} did not finish within {patience.ceiling_s:g} s",
                               hint="see what the node is doing; nothing else waits for it")
 
 

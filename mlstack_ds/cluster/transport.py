@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mlstack_ds.cluster.tool import ToolRun
+from mlstack_ds.patience import WAITS, Patience
 from mlstack_ds.runner import RunResult
 
 
@@ -70,23 +71,23 @@ class NodeTransport(Protocol):
         show it); EnvironmentProblem naming the first node that cannot take part."""
         ...
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool(self, host: str, args: Sequence[str | Path], *, patience: Patience,
                  run_id: str | None = None) -> ToolRun:
         """`mlstack-ds ARGS --json` on one node; with `run_id`, `stop(run_id)` stops it there."""
         ...
 
-    def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool_on_each(self, args: Sequence[str | Path], *, patience: Patience,
                          done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
         """`mlstack-ds ARGS --json` on every node; `done(host, run)` as each answers, in host order (the
         streamed status lines)."""
         ...
 
-    def script_on_each(self, script: str, *, timeout_s: float,
+    def script_on_each(self, script: str, *, patience: Patience,
                        done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
         """`sh -s` with `script` on stdin on every node; a node that ran nothing is an answer too."""
         ...
 
-    def run(self, host: str, argv: Sequence[str | Path], *, timeout_s: float = 60.0) -> RunResult:
+    def run(self, host: str, argv: Sequence[str | Path], *, patience: Patience = WAITS["ssh command"]) -> RunResult:
         """A plain command on one node (exit code and output of the command there)."""
         ...
 

@@ -57,7 +57,7 @@ class Hardware:
 def detect_gpus(environ: Mapping[str, str] | None = None) -> list[GpuAgent]:
     """The GPUs detect would report (integrated GPUs dropped next to a discrete one)."""
     env = dict(os.environ if environ is None else environ)
-    ctx = probes.ToolContext(environ=env, rocm_root=probes.find_rocm_root(env), timeout=probes.TOOL_TIMEOUT_S)
+    ctx = probes.ToolContext(environ=env, rocm_root=probes.find_rocm_root(env))
     gpus = probes.amd_gpus(ctx, env.get("HSA_OVERRIDE_GFX_VERSION") or None) + probes.nvidia_gpus(ctx)
     return gfx.discrete_else_all(gpus, lambda g: g.integrated)
 

@@ -21,6 +21,7 @@ from mlstack_ds.detect.model import (
 )
 from mlstack_ds.detect.target_probe import TargetFacts, finish_target_probe, start_target_probe
 from mlstack_ds.errors import UsageError
+from mlstack_ds.patience import WAITS, Patience
 
 
 def resolve_python(python: str | Path | None) -> Path:
@@ -54,18 +55,18 @@ class Detection:
 def detect(
     environ: Mapping[str, str] | None = None,
     python: str | Path | None = None,
-    tool_timeout: float = probes.TOOL_TIMEOUT_S,
+    tool_patience: Patience = WAITS["rocm tool"],
     rocm_default: Path = probes.DEFAULT_ROCM_ROOT,
 ) -> Environment:
     """Read the machine and the target interpreter. Never raises for what a machine may lack.
     `rocm_default`: where ROCm is when no variable names it (`/opt/rocm`; a rehearsal's fake host's own)."""
-    return detect_with_target(environ, python, tool_timeout, rocm_default).environment
+    return detect_with_target(environ, python, tool_patience, rocm_default).environment
 
 
 def detect_with_target(
     environ: Mapping[str, str] | None = None,
     python: str | Path | None = None,
-    tool_timeout: float = probes.TOOL_TIMEOUT_S,
+    tool_patience: Patience = WAITS["rocm tool"],
     rocm_default: Path = probes.DEFAULT_ROCM_ROOT,
 ) -> Detection:
     """`detect`, keeping the target probe's whole answer (install and doctor reuse it instead of
@@ -75,7 +76,7 @@ def detect_with_target(
     hsa_override = environ.get("HSA_OVERRIDE_GFX_VERSION") or None
     wheels_bin = wheels_scripts_dir(target_python)
     ctx = probes.ToolContext(environ=environ, rocm_root=probes.find_rocm_root(environ, rocm_default),
-                             timeout=tool_timeout,
+                             patience=tool_patience,
                              first_dirs=(wheels_bin,) if wheels_bin else ())
 
     # The target probe (seconds: it imports torch) runs while the ROCm tools are asked, not after them.
@@ -88,7 +89,7 @@ def detect_with_target(
     if wheels is not None and target.torch is not None and target.torch.hip:
         # The ROCm the target's torch loads; a system ROCm is only reported beside it, never preferred.
         rocm = wheels_install(wheels)
-        system_ctx = probes.ToolContext(environ=environ, rocm_root=ctx.rocm_root, timeout=tool_timeout)
+        system_ctx = probes.ToolContext(environ=environ, rocm_root=ctx.rocm_root, patience=tool_patience)
         system_rocm = probes.rocm_version(system_ctx, None)
         ctx.warnings.extend(system_ctx.warnings)
         if system_rocm is not None and system_rocm.version != rocm.version:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mlstack_ds.errors import ToolError
+from mlstack_ds.patience import WAITS
 from mlstack_ds.runner import run, which
 
 # The flags that decide whether `-march=native` code runs on another CPU (x86 SIMD and its relatives,
@@ -46,7 +47,7 @@ def compiler_version(cxx: str | None) -> str | None:
     if found is None:
         return None
     try:
-        result = run([str(found), "--version"], timeout=30)
+        result = run([str(found), "--version"], patience=WAITS["compiler version"])
     except ToolError:
         return None
     first = result.stdout.strip().splitlines()[:1]

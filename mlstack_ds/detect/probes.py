@@ -14,9 +14,9 @@ from pathlib import Path
 from mlstack_ds.detect import nvidia, rocminfo, smi, versions
 from mlstack_ds.detect.model import GpuAgent, RocmInstall
 from mlstack_ds.errors import ToolError
+from mlstack_ds.patience import WAITS, Patience
 from mlstack_ds.runner import RunResult, run, which
 
-TOOL_TIMEOUT_S = 30.0
 DEFAULT_ROCM_ROOT = Path("/opt/rocm")
 
 
@@ -26,7 +26,7 @@ class ToolContext:
 
     environ: Mapping[str, str]
     rocm_root: Path | None
-    timeout: float = TOOL_TIMEOUT_S
+    patience: Patience = WAITS["rocm tool"]  # a hung driver uses no CPU; a slow machine does
     warnings: list[str] = field(default_factory=list)
     # Searched before PATH: the target venv's bin when it holds TheRock's ROCm wheels (their rocminfo,
     # amd-smi and hipcc trampolines are on PATH only while the venv is activated).
@@ -46,7 +46,7 @@ class ToolContext:
         if executable is None:
             return None
         try:
-            result = run([executable, *args], timeout=self.timeout, env=dict(self.environ))
+            result = run([executable, *args], patience=self.patience, env=dict(self.environ))
         except ToolError as exc:
             self.warnings.append(f"{tool}: {exc.message}")
             return None

@@ -33,16 +33,12 @@ from typing import Any
 from mlstack_ds.detect.marked import marked_object
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, RocmWheels, TorchDevice, TorchInfo
 from mlstack_ds.errors import ToolError, ToolTimedOut
+from mlstack_ds.patience import WAITS, Patience
 from mlstack_ds.runner import Background, run_in_background
 from mlstack_ds.target_side import mlstack_probe_target as probe_module
 from mlstack_ds.target_side import script
 
 BASE_MARKER, TORCH_MARKER = probe_module.BASE_MARKER, probe_module.TORCH_MARKER
-# A probe is stopped when it has done nothing (no CPU time, page faults or reads) for PROBE_STALL_S: a
-# hung driver or device. One still working is given up to PROBE_CEILING_S: a torch import takes a minute
-# on a cold ROCm install and several on a machine thrashing under parallel compiles.
-PROBE_STALL_S = 60.0
-PROBE_CEILING_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -152,13 +148,14 @@ def _replace(facts: TargetFacts, **changes: Any) -> TargetFacts:
 
 
 def start_target_probe(python: Path, environ: Mapping[str, str] | None = None, *, torch: bool = True,
-                       timeout: float | None = None) -> AbstractContextManager[Background]:
+                       patience: Patience | None = None) -> AbstractContextManager[Background]:
     """Start the probe in `python` (without torch's part when `torch` is false); collect the answer with
-    `finish_target_probe` inside the block. `environ` None: this process's environment. `timeout`: the
-    ceiling (default PROBE_CEILING_S); a probe that stalls for PROBE_STALL_S is stopped before it."""
+    `finish_target_probe` inside the block. `environ` None: this process's environment. `patience`:
+    default patience.WAITS["target probe"] (the stall rule: a hung driver is stopped, a torch import
+    thrashing under load keeps going)."""
     argv: list[str | os.PathLike[str]] = [python, script(probe_module), *(() if torch else ("quick",))]
-    return run_in_background(argv, timeout=timeout if timeout is not None else PROBE_CEILING_S,
-                             stall_s=PROBE_STALL_S, env=dict(environ) if environ is not None else None)
+    return run_in_background(argv, patience=patience if patience is not None else WAITS["target probe"],
+                             env=dict(environ) if environ is not None else None)
 
 
 def finish_target_probe(python: Path, pending: Background, *, torch: bool = True) -> TargetFacts:
@@ -178,7 +175,7 @@ def finish_target_probe(python: Path, pending: Background, *, torch: bool = True
 
 
 def probe_target(python: Path, environ: Mapping[str, str] | None = None, *, torch: bool = True,
-                 timeout: float | None = None) -> TargetFacts:
+                 patience: Patience | None = None) -> TargetFacts:
     """Start the probe and wait for its answer."""
-    with start_target_probe(python, environ, torch=torch, timeout=timeout) as pending:
+    with start_target_probe(python, environ, torch=torch, patience=patience) as pending:
         return finish_target_probe(python, pending, torch=torch)

@@ -18,7 +18,6 @@ from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.nodeprobe import (
     IFNAME_VARIABLES,
-    NODE_TIMEOUT_S,
     SECTION,
     NodeFacts,
     node_script,
@@ -34,6 +33,7 @@ from mlstack_ds.doctor.cluster_input import ClusterInput
 from mlstack_ds.doctor.model import Finding, Rule, sort_findings
 from mlstack_ds.doctor.rules import RULES
 from mlstack_ds.launch import launcher
+from mlstack_ds.patience import WAITS
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def ask_nodes(nodes: NodeTransport, python: Path, tool: Path, *, bundle: BundleQ
         return parse_node_output(answer.host, answer.stdout, python, interrupted=answer.interrupted)
 
     answers = nodes.script_on_each(node_script(python, tool, rendezvous, bundle.directory if bundle else None),
-                                   timeout_s=NODE_TIMEOUT_S,
+                                   patience=WAITS["node probe"],
                                    done=lambda answer: status(node_status(facts(answer), python, nodes.no_answer)))
     return [facts(answer) for answer in answers]
 

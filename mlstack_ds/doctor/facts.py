@@ -32,7 +32,6 @@ from mlstack_ds.installed.journal import unfinished_change
 from mlstack_ds.installed.receipt import ReceiptError, read_receipt, receipt_path
 from mlstack_ds.runner import which
 
-FACTS_TIMEOUT_S = 60.0
 COMPILERS = CXX_NAMES
 
 
@@ -83,7 +82,6 @@ def collect_facts(
     env: Environment,
     environ: Mapping[str, str] | None = None,
     root: Path = Path("/"),
-    timeout: float = FACTS_TIMEOUT_S,
     target: TargetFacts | None = None,
 ) -> SystemFacts:
     """Read the facts for `env` (its target interpreter, its DeepSpeed) below `root`.
@@ -98,7 +96,7 @@ def collect_facts(
     tools["hipcc"] = _str(which("hipcc", extra_dirs=extra_dirs, path=search_path))
     warnings: list[str] = []
     if target is None:
-        target = probe_target(Path(env.python.executable), environ, torch=False, timeout=timeout)
+        target = probe_target(Path(env.python.executable), environ, torch=False)
         warnings += target.warnings
     include_dir, prefix = target.python.include_dir, target.python.prefix
     headers = bool(include_dir) and Path(include_dir or "", "Python.h").is_file()

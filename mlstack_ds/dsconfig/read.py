@@ -28,8 +28,8 @@ from typing import Any
 
 from mlstack_ds.detect.environment import resolve_python
 from mlstack_ds.detect.marked import UnreadableLine, marked_object
-from mlstack_ds.detect.target_probe import PROBE_CEILING_S, PROBE_STALL_S
 from mlstack_ds.errors import ToolError, UsageError
+from mlstack_ds.patience import WAITS
 from mlstack_ds.runner import run
 from mlstack_ds.target_side import mlstack_dsconfig_parse as parse_module
 from mlstack_ds.target_side import script
@@ -82,8 +82,8 @@ def read_nvme_offload(path: Path, python: str | Path | None = None) -> bool:
 def _parse_in_target(python: Path, path: Path) -> dict[str, Any] | None:
     """hjson's answer from the target interpreter; None when it could not be asked."""
     try:
-        result = run([python, script(parse_module), str(path.resolve())], timeout=PROBE_CEILING_S,
-                     stall_s=PROBE_STALL_S)  # it imports DeepSpeed: as patient as the probe
+        result = run([python, script(parse_module), str(path.resolve())],
+                     patience=WAITS["target probe"])  # it imports DeepSpeed: as patient as the probe
     except ToolError:
         return None
     if not result.ok:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_ds.detect.marked import UnreadableLine, marked_object
-from mlstack_ds.detect.target_probe import PROBE_CEILING_S, PROBE_STALL_S
 from mlstack_ds.errors import EnvironmentProblem, ToolError, UsageError
+from mlstack_ds.patience import WAITS
 from mlstack_ds.runner import run
 from mlstack_ds.target_side import mlstack_dsconfig_answers as answers_module
 from mlstack_ds.target_side import script
@@ -57,8 +57,8 @@ class TargetAnswer:
 
 def _ask(python: Path, request: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        result = run([python, script(answers_module)], input_text=json.dumps(request), timeout=PROBE_CEILING_S,
-                     stall_s=PROBE_STALL_S)  # it imports torch and DeepSpeed: as patient as the probe
+        result = run([python, script(answers_module)], input_text=json.dumps(request),
+                     patience=WAITS["target probe"])  # it imports torch and DeepSpeed: as patient as the probe
     except ToolError as exc:
         raise EnvironmentProblem(f"the target interpreter {python} could not run: {exc.message}",
                                  hint="pass --python with the interpreter that has DeepSpeed") from exc

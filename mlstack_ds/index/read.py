@@ -21,8 +21,9 @@ import requests
 from mlstack_ds.errors import FetchError
 from mlstack_ds.index.simple import PROJECT, Link, PageError, parse_project_page
 from mlstack_ds.index.wheelfile import file_sha256
+from mlstack_ds.patience import WAITS
 
-TIMEOUT_S = (10.0, 60.0)  # connect, read
+REQUEST_TIMEOUTS = (WAITS["index connect"].ceiling_s, WAITS["index read"].ceiling_s)  # requests' (connect, read)
 MAX_PAGE_BYTES = 16 << 20
 NO_INDEX_HINT = "check the index URL or directory (and that its server runs); without --index (and " \
     "MLSTACK_DS_INDEX unset) the wheel is built here"
@@ -71,7 +72,7 @@ def _get(index: Index, url: str) -> bytes | None:
             raise FetchError(f"cannot read the index {index.spec}: {path}: {exc.strerror or exc}",
                              hint=NO_INDEX_HINT) from exc
     try:
-        with requests.get(url, timeout=TIMEOUT_S, stream=True) as response:
+        with requests.get(url, timeout=REQUEST_TIMEOUTS, stream=True) as response:
             if response.status_code == 404:
                 return None
             if response.status_code != 200:
@@ -166,7 +167,7 @@ def download(index: Index, link: Link, directory: Path) -> Path:
 
 def _stream(index: Index, link: Link, out: object, digest: hashlib._Hash) -> None:
     try:
-        with requests.get(link.url, timeout=TIMEOUT_S, stream=True) as response:
+        with requests.get(link.url, timeout=REQUEST_TIMEOUTS, stream=True) as response:
             if response.status_code != 200:
                 raise FetchError(f"the index {index.spec} answered {link.url} with HTTP {response.status_code}",
                                  hint=NO_INDEX_HINT)

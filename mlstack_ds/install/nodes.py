@@ -47,14 +47,12 @@ from mlstack_ds.errors import (
 )
 from mlstack_ds.install.pipeline import InstallRequest, Prepared, prepare, run_build
 from mlstack_ds.installed.receipt import receipt_path
+from mlstack_ds.patience import WAITS
 from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.source.cache import Cache, default_cache_dir, sha256_of
 from mlstack_ds.verify.report import VerifyReport
 from mlstack_ds.verify.suite import VerifyOptions, run_verify
 
-DETECT_TIMEOUT_S = 300.0
-INSTALL_TIMEOUT_S = 3600.0  # pip on the node: DeepSpeed's requirements, then the wheel
-ROLLBACK_TIMEOUT_S = 1800.0
 PROBE_NAME = ".mlstack-ds-node-probe-"  # the files this host writes to see which nodes share its file systems
 
 
@@ -261,7 +259,7 @@ def detect_nodes(nodes: NodeTransport, python: Path, results: Mapping[str, NodeR
         output.status(f"{host}: ready ({found.platform}"
                       + (f", GPU targets {','.join(found.archs)})" if found.archs else ")"))
 
-    nodes.run_tool_on_each(["detect", "--python", python], timeout_s=DETECT_TIMEOUT_S, done=ready)
+    nodes.run_tool_on_each(["detect", "--python", python], patience=WAITS["node detect"], done=ready)
     if problems:
         said = [f"node {host}: mlstack-ds detect failed: {run.error_message()}" for host, run in problems]
         message = said[0] if len(said) == 1 else f"{len(said)} nodes cannot take part: {'; '.join(said)}"
@@ -381,7 +379,7 @@ def check_bundle_on_nodes(bundle: Path, nodes: NodeTransport, dry_run_args: Sequ
     node, with the node's exit code (7: the bundle lacks something; 2: not a bundle there) and its hint (the
     `bundle` command that completes it for that node)."""
     hosts = nodes.hosts
-    runs = nodes.run_tool_on_each(dry_run_args, timeout_s=DETECT_TIMEOUT_S)
+    runs = nodes.run_tool_on_each(dry_run_args, patience=WAITS["node detect"])
     failed = [(host, run) for host, run in zip(hosts, runs, strict=True) if not run.ok]
     for host, run in zip(hosts, runs, strict=True):
         if run.ok:
@@ -452,7 +450,7 @@ def _install_group(group: NodeGroup, results: Mapping[str, NodeResult], installe
     try:
         result.cache = place(host)
         output.status(f"{host}: installing")
-        run = nodes.run_tool(host, node_args, timeout_s=INSTALL_TIMEOUT_S, run_id=run_id)
+        run = nodes.run_tool(host, node_args, patience=WAITS["node install"], run_id=run_id)
     except MlstackError as exc:
         result.action, result.error = "failed", exc.message
         gone = lost_node(nodes, host)
@@ -560,7 +558,7 @@ def _roll_back(installed: Sequence[str], results: Mapping[str, NodeResult], pyth
 def rollback_on(nodes: NodeTransport, host: str, python: Path) -> str | None:
     """Undo this run's install on `host`; None when done, else why not (the run's error reports it)."""
     try:
-        result = nodes.run_tool(host, ["rollback", "--python", python], timeout_s=ROLLBACK_TIMEOUT_S)
+        result = nodes.run_tool(host, ["rollback", "--python", python], patience=WAITS["node rollback"])
     except MlstackError as exc:
         return exc.message
     return None if result.ok else result.error_message()

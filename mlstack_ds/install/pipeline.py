@@ -252,7 +252,7 @@ def run_install(prepared: Prepared, request: InstallRequest, output: Output,
     if request.cached_wheel is not None:
         refuse_to_build(plan, request.cached_wheel, cache)
     site_dirs = prepared.target.python.site_packages
-    with target_lock(prefix, plan.target_python, timeout=request.lock_timeout, waiting=output.warn) as lock:
+    with target_lock(prefix, plan.target_python, timeout_s=request.lock_timeout, waiting=output.warn) as lock:
         interrupted = read_journal(prefix)
         if interrupted is not None:
             lift_guard(interrupted, site_dirs)

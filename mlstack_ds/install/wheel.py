@@ -39,13 +39,13 @@ from mlstack_ds.installed.receipt import (
     remove_receipt,
     write_receipt,
 )
+from mlstack_ds.patience import WAITS
 from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.runner import run
 from mlstack_ds.source.cache import sha256_of
 
 # Never installed or upgraded as a side effect: the user's accelerator stack.
 PROTECTED = frozenset({"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm"})
-PIP_TIMEOUT_S = 1800.0
 
 def wheel_requirements(wheel: Path) -> list[str]:
     """The wheel's Requires-Dist, minus torch & co. and extras-only requirements."""
@@ -94,7 +94,7 @@ def _pip(python: str, *args: str, what: str, lock: TargetLock | None = None,
     `env`: pip's whole environment when it must see nothing but a bundle (`install --offline`). No version
     check: its notice would be pip's last line, the one a failure quotes, in place of pip's error."""
     try:
-        result = run([python, "-m", "pip", "--disable-pip-version-check", *args], timeout=PIP_TIMEOUT_S,
+        result = run([python, "-m", "pip", "--disable-pip-version-check", *args], patience=WAITS["pip install"],
                      pass_fds=(lock.fd,) if lock else (), env=env)
     except ToolError as exc:
         raise InstallError(f"{what}: {exc.message}", hint=exc.hint) from exc
@@ -269,7 +269,7 @@ def locked_for_change(state: InstalledState, python: str, what: str, *, lock_tim
                       ) -> Iterator[tuple[TargetLock, InstalledState]]:
     """For rollback and uninstall: hold the environment's lock (re-probing when another change ran
     meanwhile) and refuse to act on an interrupted change: `install` repairs it."""
-    with target_lock(state.prefix, python, timeout=lock_timeout, waiting=waiting) as lock:
+    with target_lock(state.prefix, python, timeout_s=lock_timeout, waiting=waiting) as lock:
         if lock.waited:
             state = probe_installed(python)
         interrupted = read_journal(state.prefix)

@@ -68,10 +68,10 @@ def is_locked(prefix: str | Path) -> bool:
 
 
 @contextlib.contextmanager
-def target_lock(prefix: str | Path, python: str, *, timeout: float | None = None,
+def target_lock(prefix: str | Path, python: str, *, timeout_s: float | None = None,
                 waiting: Callable[[str], None] = lambda _msg: None) -> Iterator[TargetLock]:
     """Hold the environment's lock for the block. Held elsewhere: say so once (`waiting`) and wait, at most
-    `timeout` seconds (None: as long as it takes; 0: refuse at once), polling so Ctrl-C still works."""
+    `timeout_s` seconds (None: as long as it takes; 0: refuse at once), polling so Ctrl-C still works."""
     path = lock_path(prefix)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ def target_lock(prefix: str | Path, python: str, *, timeout: float | None = None
         raise EnvironmentProblem(f"cannot create the install lock {path}: {exc.strerror or exc}",
                                  hint="install into an environment you can write to (a venv of your own)") from exc
     try:
-        waited = _acquire(fd, prefix, python, timeout, waiting)
+        waited = _acquire(fd, prefix, python, timeout_s, waiting)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
         yield TargetLock(fd, waited)
@@ -88,7 +88,7 @@ def target_lock(prefix: str | Path, python: str, *, timeout: float | None = None
         os.close(fd)  # releases the lock, unless a child still has the descriptor
 
 
-def _acquire(fd: int, prefix: str | Path, python: str, timeout: float | None,
+def _acquire(fd: int, prefix: str | Path, python: str, timeout_s: float | None,
              waiting: Callable[[str], None]) -> bool:
     started = time.monotonic()
     told = False
@@ -99,13 +99,13 @@ def _acquire(fd: int, prefix: str | Path, python: str, timeout: float | None,
         except BlockingIOError:
             pass
         holder = describe_holder(prefix)
-        if timeout is not None and time.monotonic() - started >= timeout:
+        if timeout_s is not None and time.monotonic() - started >= timeout_s:
             raise InstallError(
                 f"another mlstack-ds install into {python} ({holder}) is still running"
-                + (f" after {timeout:g} s" if timeout else ""),
+                + (f" after {timeout_s:g} s" if timeout_s else ""),
                 hint="let it finish (or stop it), then run this again; --lock-timeout SECONDS waits longer")
         if not told:
-            limit = f" (at most {timeout:g} s: --lock-timeout)" if timeout is not None else ""
+            limit = f" (at most {timeout_s:g} s: --lock-timeout)" if timeout_s is not None else ""
             waiting(f"waiting for another mlstack-ds install into {python} ({holder}) to finish{limit}")
             told = True
         time.sleep(POLL_S)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.errors import ToolError, ToolStalled, ToolTimedOut
+from mlstack_ds.patience import Patience
 
 RUN_ID_ENV = "MLSTACK_VERIFY_RUN_ID"
 # The worker package (mlstack_ds/worker/) is copied into each launch's directory under this name
@@ -92,15 +93,15 @@ class LaunchOutcome:
     stalled: bool = False  # timed out by the stall rule (no progress for stall_s), not the ceiling
 
 
-def run_launch(argv: Sequence[str], *, timeout_s: float, run_id: str,
+def run_launch(argv: Sequence[str], *, patience: Patience, run_id: str,
                env: Mapping[str, str] | None = None, cwd: Path | None = None,
-               stall_s: float | None = None, progress: Callable[[], object] | None = None) -> LaunchOutcome:
-    """Run one launch to completion or time-out; afterwards no process of it is left. With `stall_s`, it
-    is also stopped when `progress()` (the ranks' result files) stays the same that long."""
+               progress: Callable[[], object] | None = None) -> LaunchOutcome:
+    """Run one launch to completion or time-out; afterwards no process of it is left. With
+    `patience.stall_s`, it is also stopped when `progress()` (the ranks' result files) stays the same that long."""
     launch_env = {**(env if env is not None else os.environ), RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     try:
-        result = runner.run(argv, timeout=timeout_s, env=launch_env, cwd=cwd, stall_s=stall_s, progress=progress)
+        result = runner.run(argv, patience=patience, env=launch_env, cwd=cwd, progress=progress)
     except ToolStalled:
         return LaunchOutcome(None, time.monotonic() - started, True, "", stalled=True)
     except ToolTimedOut:

@@ -26,6 +26,7 @@ from mlstack_ds.cluster.hostfile import HostEntry, rank_layout
 from mlstack_ds.cluster.transport import NodeTransport
 from mlstack_ds.errors import EnvironmentProblem
 from mlstack_ds.launch.launcher import LaunchOutcome
+from mlstack_ds.patience import Patience
 from mlstack_ds.worker.protocol import RESULTS_GLOB
 
 PROBE_PREFIX = "shared-file-system-probe-"
@@ -64,8 +65,8 @@ class RankStart(Protocol):
         add to `env` and write into `launch_dir` (before it reaches the nodes) what the ranks need."""
         ...
 
-    def run(self, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str], cwd: Path,
-            stall_s: float | None, progress: Callable[[], object] | None) -> LaunchOutcome:
+    def run(self, argv: Sequence[str], *, patience: Patience, run_id: str, env: Mapping[str, str], cwd: Path,
+            progress: Callable[[], object] | None) -> LaunchOutcome:
         """One launch to its end or time-out, the ranks' exit codes read the launcher's way; nothing of it is
         left running here afterwards."""
         ...

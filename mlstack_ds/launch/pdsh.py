@@ -20,6 +20,7 @@ from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.errors import EnvironmentProblem
 from mlstack_ds.launch import launcher
+from mlstack_ds.patience import Patience
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 # What the ranks need from this host's environment, by prefix: our own markers and test hooks, DeepSpeed's
@@ -49,10 +50,9 @@ class PdshStart:
         env[ENV_FILE_VARIABLE] = str(env_file)
         return deepspeed_argv(python, self.hostfile, hosts, launcher.free_port(), args)
 
-    def run(self, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str], cwd: Path,
-            stall_s: float | None, progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
-        return launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=cwd, stall_s=stall_s,
-                                   progress=progress)
+    def run(self, argv: Sequence[str], *, patience: Patience, run_id: str, env: Mapping[str, str], cwd: Path,
+            progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
+        return launcher.run_launch(argv, patience=patience, run_id=run_id, env=env, cwd=cwd, progress=progress)
 
 
 def deepspeed_argv(python: Path, hostfile: Path, hosts: Sequence[HostEntry], port: int,

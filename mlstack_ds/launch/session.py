@@ -23,6 +23,7 @@ from typing import Any
 
 from mlstack_ds.launch import launcher, nodes
 from mlstack_ds.launch.nodes import NodeLaunch
+from mlstack_ds.patience import Patience
 from mlstack_ds.worker import protocol
 
 Record = Mapping[str, Any]
@@ -92,16 +93,16 @@ def read_records(results: Path, world_size: int) -> RankRecords:
 
 
 def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]], *, world_size: int,
-                   over: NodeLaunch | None, timeout_s: float, extra_env: Mapping[str, str] | None = None,
+                   over: NodeLaunch | None, patience: Patience, extra_env: Mapping[str, str] | None = None,
                    status: Callable[[str], None] = lambda _m: None, prefix: str = "mlstack-launch-",
                    watch: Callable[[Path], AbstractContextManager[object]] | None = None,
-                   stall_s: float | None = None, unwatched_timeout_s: float | None = None) -> Launched:
+                   unwatched: Patience | None = None) -> Launched:
     """Run the worker (`worker_args(dirs)`: its module and arguments; files it needs go under `dirs.root`,
     which reaches every node) on `world_size` ranks here, or `over` several nodes (launch/nodes.py), for at
-    most `timeout_s`; `watch(results)` runs around the launch itself (bench's progress lines). With
-    `stall_s`, the launch is also stopped when no rank's result file changed for that long, where this
-    process sees those files as they are written (`progress_visible`); elsewhere `unwatched_timeout_s`
-    (default `timeout_s`) alone bounds it. A failed launch names the nodes lost meanwhile (`name_lost_nodes`).
+    most `patience.ceiling_s`; `watch(results)` runs around the launch itself (bench's progress lines). With
+    `patience.stall_s`, the launch is also stopped when no rank's result file changed for that long, where this
+    process sees those files as they are written (`progress_visible`); elsewhere `unwatched` (a fixed bound;
+    default `patience.ceiling_s`) alone bounds it. A failed launch names the nodes lost meanwhile (`name_lost_nodes`).
 
     Raises what the node preparation raises (nothing has run then), LaunchInterrupted on Ctrl-C."""
     run_id = launcher.new_run_id()
@@ -111,7 +112,7 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
         staged = launcher.stage_worker(dirs.root / "code")
         args = worker_args(dirs)
         env = launcher.worker_env({**os.environ, **(extra_env or {})}, staged)
-        progress = (lambda: results_progress(dirs.results)) if stall_s is not None else None
+        progress = (lambda: results_progress(dirs.results)) if patience.watched else None
         if over is None:
             argv = launcher.torchrun_argv(python, world_size, launcher.free_port(), args)
             node_list: list[nodes.Node] = []
@@ -120,13 +121,12 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
             node_list = nodes.prepare(over, python, dirs.root, status=status)
         watched = progress_visible(over, node_list)
         if not watched:
-            stall_s = progress = None
-            timeout_s = unwatched_timeout_s if unwatched_timeout_s is not None else timeout_s
+            progress = None
+            patience = unwatched if unwatched is not None else Patience(ceiling_s=patience.ceiling_s)
         try:
             with watch(dirs.results) if watch is not None else nullcontext():
                 # the working directory exists on every node: DeepSpeed's launcher `cd`s to it there
-                outcome = _run(over, argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=staged,
-                               stall_s=stall_s, progress=progress)
+                outcome = _run(over, argv, patience=patience, run_id=run_id, env=env, cwd=staged, progress=progress)
             if over is not None:
                 outcome = nodes.name_lost_nodes(over.transport, outcome)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the launch is already killed; keep what finished
@@ -137,16 +137,14 @@ def launch_workers(python: Path, worker_args: Callable[[LaunchDirs], list[str]],
             raise
         _finish(over, node_list, dirs)
         records = read_records(dirs.results, world_size)
-    return Launched(tuple(argv), outcome, records, tuple(node_list), watched and stall_s is not None)
+    return Launched(tuple(argv), outcome, records, tuple(node_list), watched and patience.watched)
 
 
-def _run(over: NodeLaunch | None, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str],
-         cwd: Path, stall_s: float | None, progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
+def _run(over: NodeLaunch | None, argv: Sequence[str], *, patience: Patience, run_id: str, env: Mapping[str, str],
+         cwd: Path, progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
     if over is None:
-        return launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=cwd, stall_s=stall_s,
-                                   progress=progress)
-    return over.start.run(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=cwd, stall_s=stall_s,
-                          progress=progress)
+        return launcher.run_launch(argv, patience=patience, run_id=run_id, env=env, cwd=cwd, progress=progress)
+    return over.start.run(argv, patience=patience, run_id=run_id, env=env, cwd=cwd, progress=progress)
 
 
 def _finish(over: NodeLaunch | None, node_list: Sequence[nodes.Node], dirs: LaunchDirs) -> None:

@@ -30,9 +30,10 @@ from pathlib import Path
 from mlstack_ds import runner
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.slurm import Allocation
-from mlstack_ds.cluster.srun_steps import SQUEUE_TIMEOUT_S, find_srun, run_step, step_options
+from mlstack_ds.cluster.srun_steps import find_srun, run_step, step_options
 from mlstack_ds.errors import ToolError, ToolStalled, ToolTimedOut
 from mlstack_ds.launch import launcher
+from mlstack_ds.patience import WAITS, Patience
 
 ENTRY_MODULE = f"{launcher.WORKER_MODULE}.slurm_env"
 
@@ -52,10 +53,10 @@ class SrunStart:
         env.update(rendezvous_env(hosts))
         return srun_argv(srun, python, args, allocation=self.allocation, hosts=hosts, run_id=run_id)
 
-    def run(self, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str], cwd: Path,
-            stall_s: float | None, progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
-        return run_launch(argv, timeout_s=timeout_s, job_id=self.allocation.job_id, run_id=run_id, env=env, cwd=cwd,
-                          stall_s=stall_s, progress=progress)
+    def run(self, argv: Sequence[str], *, patience: Patience, run_id: str, env: Mapping[str, str], cwd: Path,
+            progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
+        return run_launch(argv, patience=patience, job_id=self.allocation.job_id, run_id=run_id, env=env, cwd=cwd,
+                          progress=progress)
 
 
 def srun_argv(srun: Path, python: Path, args: Sequence[str], *, allocation: Allocation,
@@ -71,15 +72,14 @@ def rendezvous_env(hosts: Sequence[HostEntry]) -> dict[str, str]:
     return {"MASTER_ADDR": hosts[0].host, "MASTER_PORT": str(launcher.free_port("0.0.0.0"))}
 
 
-def run_launch(argv: Sequence[str], *, timeout_s: float, job_id: str, run_id: str, env: Mapping[str, str],
-               cwd: Path | None = None, stall_s: float | None = None,
-               progress: Callable[[], object] | None = None) -> launcher.LaunchOutcome:
+def run_launch(argv: Sequence[str], *, patience: Patience, job_id: str, run_id: str, env: Mapping[str, str],
+               cwd: Path | None = None, progress: Callable[[], object] | None = None) -> launcher.LaunchOutcome:
     """`launcher.run_launch` for an srun step: the same outcome, and the step gone from every node."""
     launch_env = {**env, launcher.RUN_ID_ENV: run_id, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     try:
-        result = run_step(argv, timeout_s=timeout_s, job_id=job_id, run_id=run_id, env=launch_env, cwd=cwd,
-                          stall_s=stall_s, progress=progress)
+        result = run_step(argv, patience=patience, job_id=job_id, run_id=run_id, env=launch_env, cwd=cwd,
+                          progress=progress)
     except ToolStalled:
         return launcher.LaunchOutcome(None, time.monotonic() - started, True, "", stalled=True)
     except ToolTimedOut:
@@ -106,7 +106,7 @@ def time_limit_reached(job_id: str, srun_stderr: str, env: Mapping[str, str]) ->
     if squeue is None:
         return False
     with contextlib.suppress(ToolError):
-        out = runner.run([squeue, "-h", "-t", "all", "-j", job_id, "-o", "%r"], timeout=SQUEUE_TIMEOUT_S, env=env)
+        out = runner.run([squeue, "-h", "-t", "all", "-j", job_id, "-o", "%r"], patience=WAITS["squeue"], env=env)
         return out.ok and out.stdout.strip() == "TimeLimit"
     return False
 

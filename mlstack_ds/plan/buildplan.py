@@ -319,7 +319,7 @@ def _refuse_wrong_torch(environment: Environment) -> None:
     torch, platform = environment.torch, environment.platform
     python = environment.python.executable
     if torch is None and environment.torch_problem:
-        # Not "not installed": a broken import, or one stopped (it hung, or outlasted PROBE_CEILING_S).
+        # Not "not installed": a broken import, or one stopped (it hung, or outlasted patience.WAITS["target probe"]).
         raise EnvironmentProblem(f"PyTorch could not be imported in {python}: {environment.torch_problem}",
                                  hint=f"run {python} -c 'import torch' to see why")
     if torch is None:

@@ -30,6 +30,7 @@ from mlstack_ds.detect import detect
 from mlstack_ds.detect.toolchain import probe_toolchain
 from mlstack_ds.errors import MlstackError
 from mlstack_ds.installed.build_record import parse_git_version_info
+from mlstack_ds.patience import WAITS
 from mlstack_ds.plan.buildplan import BuildPlan
 from mlstack_ds.plan.planner import plan_build
 from mlstack_ds.plan.targets import parse_arch_option
@@ -221,7 +222,7 @@ def rehearse(spec: RehearsalSpec, recipe: Recipe, source: SourceSpec, *, python:
 
 def _wheels_venv(spec: RehearsalSpec, root: Path, python: Path, host: FakeHost) -> Path:
     """The build venv of a ROCm-wheels row, on a host that has no ROCm root of its own; its interpreter."""
-    site = run([python, script(purelib_module)]).stdout.strip()
+    site = run([python, script(purelib_module)], patience=WAITS["target probe"]).stdout.strip()
     torch = spec.fake_torch
     venv = make_therock_venv(root, rocm_version=spec.rocm_version, torch_version=torch.version,
                              hip_version=torch.hip or "", arch_flags=torch.arch_flags or "",

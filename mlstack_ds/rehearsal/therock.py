@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mlstack_ds.patience import WAITS, Patience
 from mlstack_ds.rehearsal.therock_files import STANDIN_DIR, VALUES_FILE
+from mlstack_ds.runner import RunResult, run
 from mlstack_ds.target_side import mlstack_purelib as purelib_module
 from mlstack_ds.target_side import script
 
@@ -48,10 +50,9 @@ def make_therock_venv(root: Path, *, rocm_version: str, torch_version: str, hip_
     (default: one that prints its version and fails on anything else). `real_torch_site`: a site-packages
     with a real torch (and setuptools) to see through a `.pth` instead of the stub torch, for a rehearsal
     that builds (its start-up shim then makes that torch report the ROCm release)."""
-    subprocess.run([base_python, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
+    _checked([base_python, "-m", "venv", "--without-pip", str(root)], WAITS["make venv"])
     python = root / "bin" / "python"
-    site = Path(subprocess.run([str(python), script(purelib_module)],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(_checked([str(python), script(purelib_module)], WAITS["target probe"]).stdout.strip())
     version_info = f"{rocm_version}\n"
     _standin(site / "rocm_sdk", {"__init__.py": "rocm_sdk_init.py", "__main__.py": "rocm_sdk_main.py"},
              {"version": rocm_version, "targets": ";".join(devices)})
@@ -136,3 +137,11 @@ def _standin(package: Path, files: dict[str, str], values: dict[str, str]) -> No
     for name, module in files.items():
         _write(package / name, (STANDIN_DIR / module).read_text(encoding="utf-8"))
     _write(package / VALUES_FILE, json.dumps(values, indent=1) + "\n")
+
+
+def _checked(argv: list[str], patience: Patience) -> RunResult:
+    """`argv` through the runner; CalledProcessError on a non-zero exit (a broken fixture, not a user's input)."""
+    result = run(argv, patience=patience)
+    if not result.ok:
+        raise subprocess.CalledProcessError(result.returncode, argv, result.stdout, result.stderr)
+    return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlstack_ds.errors import FetchError, ToolMissing, ToolTimedOut
+from mlstack_ds.patience import WAITS, Patience
 from mlstack_ds.runner import run
 from mlstack_ds.source.cache import Cache, publish, short_key
 from mlstack_ds.source.gitrepo import git, git_env
@@ -33,11 +34,11 @@ def git_cache_entry(cache: Cache, url: str, tag: str, commit: str) -> Path:
 # The clone is the one network git call. It runs through the runner (own process group, killed on
 # time-out or Ctrl-C/SIGTERM), with git's own stall
 # detection, so a dead connection fails in a minute while a slow but moving clone goes on.
-CLONE_TIMEOUT_S = 1800.0
 STALL_SETTINGS = ("http.lowSpeedLimit=1000", "http.lowSpeedTime=60")
 
 
-def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str, timeout: float = CLONE_TIMEOUT_S) -> Path:
+def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str,
+                     patience: Patience = WAITS["git clone"]) -> Path:
     """Return a cached clone whose HEAD is `commit`, cloning `tag` from `url` on a miss."""
     entry = git_cache_entry(cache, url, tag, commit)
     url = normalize_git_url(url)
@@ -50,12 +51,13 @@ def clone_pinned_tag(cache: Cache, url: str, tag: str, commit: str, timeout: flo
                 "1", "--branch", tag, "--no-tags", "--", url, str(clone)]
         hint = "check the URL and your network, or use --source pypi / a tarball URL / a local path"
         try:
-            result = run(argv, cwd=staging, env=git_env(isolated=False), timeout=timeout)
+            result = run(argv, cwd=staging, env=git_env(isolated=False), patience=patience)
         except ToolMissing as exc:
             raise ToolMissing("git: not found", hint="install git (e.g. apt-get install git), or use --source pypi"
                               ) from exc
         except ToolTimedOut as exc:
-            raise FetchError(f"git clone of {tag} from {url} did not finish within {timeout:g} s", hint=hint) from exc
+            raise FetchError(f"git clone of {tag} from {url} did not finish within {patience.ceiling_s:g} s",
+                             hint=hint) from exc
         if not result.ok:
             raise FetchError(f"git clone of {tag} from {url} failed: {_git_failure(result.stderr)}", hint=hint)
         found = repo_head(clone)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mlstack_ds.errors import MlstackError
+from mlstack_ds.patience import WAITS
 from mlstack_ds.runner import RunResult, run
 
 # One fixed identity and date for every commit the tool makes (import commits and patch commits).
@@ -32,7 +33,6 @@ _LOCAL_CONFIG = (
 )
 PRISTINE_REF = "refs/mlstack-ds/pristine"
 WORK_BRANCH = "mlstack-ds"
-GIT_TIMEOUT_S = 600.0
 
 
 def git_env(extra: Mapping[str, str] | None = None, isolated: bool = True) -> dict[str, str]:
@@ -64,7 +64,7 @@ def git(
     for setting in _LOCAL_CONFIG:
         argv += ["-c", setting]
     argv += list(args)
-    result = run(argv, cwd=cwd, env=git_env(env), timeout=GIT_TIMEOUT_S)
+    result = run(argv, cwd=cwd, env=git_env(env), patience=WAITS["git"])
     if check and not result.ok:
         detail = result.tail(3).replace("\n", " | ")
         raise error(f"{what} failed: {detail}", hint=hint)

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 from mlstack_ds.errors import FetchError, ToolError
+from mlstack_ds.patience import WAITS
 from mlstack_ds.runner import run
-
-PIP_TIMEOUT_S = 900.0
 
 
 def pip_download_sdist(package: str, requirement: str, into: Path, python: str = sys.executable) -> Path:
@@ -25,7 +24,7 @@ def pip_download_sdist(package: str, requirement: str, into: Path, python: str =
     argv = [python, "-m", "pip", "download", "--no-deps", "--no-binary", package,
             "--disable-pip-version-check", "--progress-bar", "off", requirement, "-d", str(into)]
     try:
-        result = run(argv, timeout=PIP_TIMEOUT_S)
+        result = run(argv, patience=WAITS["pip fetch"])
     except ToolError as exc:
         raise FetchError(f"pip could not run: {exc.message}", hint="install pip into this Python") from exc
     if not result.ok:

@@ -17,11 +17,10 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.util.retry import Retry
 
 from mlstack_ds.errors import FetchError
+from mlstack_ds.patience import WAITS
 
 # (bytes so far, total bytes or None) -> None; the CLI draws a progress bar with it.
 ProgressCallback = Callable[[int, int | None], None]
-CONNECT_TIMEOUT_S = 15.0
-READ_TIMEOUT_S = 60.0
 ATTEMPTS = 3
 BACKOFF_S = 0.5
 CHUNK = 1 << 16
@@ -75,7 +74,8 @@ def _session() -> requests.Session:
 
 def _download_once(session: requests.Session, url: str, target: Path,
                    progress: ProgressCallback | None) -> None:
-    with session.get(url, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)) as response:
+    timeouts = (WAITS["http connect"].ceiling_s, WAITS["http read"].ceiling_s)  # requests': (connect, read)
+    with session.get(url, stream=True, timeout=timeouts) as response:
         response.raise_for_status()
         length = response.headers.get("Content-Length")
         total = int(length) if length and length.isdigit() else None

@@ -36,10 +36,10 @@ from mlstack_ds.errors import Interrupted, UsageError
 from mlstack_ds.launch import launcher, target, ways
 from mlstack_ds.launch.nodes import NodeLaunch
 from mlstack_ds.launch.session import LaunchDirs, LaunchInterrupted, RankRecords, launch_workers
+from mlstack_ds.patience import VERIFY_TIMEOUT_S, Patience, stall_rule
 from mlstack_ds.verify.checks import CheckSpec, launch_groups, select_checks
 from mlstack_ds.verify.report import CheckResult, LaunchRecord, VerifyReport, merge_check, with_known_cause
 
-DEFAULT_TIMEOUT_S = 300.0
 CONFIG_CHECK = "config"  # opt-in: runs with `--config FILE` (and only it, unless --only names more)
 
 
@@ -49,7 +49,7 @@ class VerifyOptions:
     world_size: int | None = None
     only: str | None = None
     skip: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float = VERIFY_TIMEOUT_S
     hostfile: Path | None = None
     isolate: bool = False
     extra_env: Mapping[str, str] | None = None  # e.g. the test-only fault injection variable
@@ -117,21 +117,30 @@ def run_verify(options: VerifyOptions, status: Callable[[str], None] = lambda _m
 
 @dataclass(frozen=True)
 class LaunchBounds:
-    """How long one launch of checks may run: `ceiling_s` in all and, with `stall_s`, that long without any
-    rank reporting; `named_s` is the time a timed-out check's reason names when the ceiling stopped it."""
+    """How long one launch of checks may run (`patience`: `ceiling_s` in all and, with `stall_s`, that long
+    without any rank reporting); `named_s` is the time a timed-out check's reason names when the ceiling
+    stopped it."""
 
-    ceiling_s: float
-    stall_s: float | None
+    patience: Patience
     named_s: float
+
+    @property
+    def ceiling_s(self) -> float:
+        return self.patience.ceiling_s
+
+    @property
+    def stall_s(self) -> float | None:
+        return self.patience.stall_s
 
 
 def launch_bounds(timeout_s: float, checks: int, remaining_s: float, *, watched: bool) -> LaunchBounds:
-    """The module docstring's rule: watched, `timeout_s` without a report and `timeout_s` per check plus one
-    for start-up in all; not watched, what is left of the whole run's `timeout_s`."""
+    """The module docstring's rule, the one place verify's `--timeout` becomes a Patience: watched,
+    `timeout_s` without a report and `timeout_s` per check plus one for start-up in all; not watched, what is
+    left of the whole run's `timeout_s` (a fixed bound; nothing, when that is used up)."""
     if watched:
         ceiling = timeout_s * (checks + 1)
-        return LaunchBounds(ceiling, timeout_s, ceiling)
-    return LaunchBounds(remaining_s, None, timeout_s)
+        return LaunchBounds(stall_rule(timeout_s, ceiling), ceiling)
+    return LaunchBounds(Patience(ceiling_s=max(0.0, remaining_s)), timeout_s)
 
 
 def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *, over: NodeLaunch | None,
@@ -151,9 +160,8 @@ def _run_group(python: Path, group: Sequence[CheckSpec], world_size: int, *, ove
 
     try:
         launched = launch_workers(python, worker_args, world_size=world_size, over=over,
-                                  timeout_s=bounds.ceiling_s, stall_s=bounds.stall_s,
-                                  extra_env=options.extra_env, status=status, prefix="mlstack-verify-",
-                                  unwatched_timeout_s=unwatched_s)
+                                  patience=bounds.patience, extra_env=options.extra_env, status=status,
+                                  prefix="mlstack-verify-", unwatched=Patience(ceiling_s=max(0.0, unwatched_s)))
     except LaunchInterrupted as stopped:  # keep the checks every rank had finished
         logs = rank_logs(stopped.records, world_size)
         finished = [merge_check(name, {rank: log.results[name] for rank, log in logs.items()}, world_size, {})

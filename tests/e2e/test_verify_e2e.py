@@ -29,6 +29,7 @@ from support.pins import CLIENT_PACKAGES, TORCH_PIN
 from support.target_env import overlay_venv
 
 from mlstack_ds.launch import launcher
+from mlstack_ds.patience import Patience
 from mlstack_ds.verify.suite import VerifyOptions
 from mlstack_ds.verify.suite import run_verify as run_suite
 from mlstack_ds.worker import hf_checks
@@ -123,7 +124,7 @@ def test_hf_trainers_leave_nothing_behind_for_later_checks(target_venv, tmp_path
     run_id = launcher.new_run_id()
     argv = launcher.torchrun_argv(target_venv.python, 2, launcher.free_port(),
                                 launcher.worker_args(order, tmp_path / "out", 600, run_id))
-    outcome = launcher.run_launch(argv, timeout_s=900, run_id=run_id,
+    outcome = launcher.run_launch(argv, patience=Patience(900), run_id=run_id,
                                 env=launcher.worker_env({**os.environ, "DS_ACCELERATOR": "cpu"}, staged))
     assert outcome.returncode == 0, outcome.log_tail
     for rank in (0, 1):
@@ -139,7 +140,7 @@ def test_shm_all_reduce_is_exact_and_leaves_no_shm_files(target_venv, tmp_path: 
     run_id, port = launcher.new_run_id(), launcher.free_port()
     argv = launcher.torchrun_argv(target_venv.python, 2, port,
                                 launcher.worker_args(["shm_comm"], tmp_path / "out", 600, run_id))
-    outcome = launcher.run_launch(argv, timeout_s=600, run_id=run_id,
+    outcome = launcher.run_launch(argv, patience=Patience(600), run_id=run_id,
                                 env=launcher.worker_env({**os.environ, "DS_ACCELERATOR": "cpu"}, staged))
     assert outcome.returncode == 0, outcome.log_tail
     for rank in (0, 1):
@@ -162,7 +163,7 @@ def test_lora_check_fails_on_deepspeed_without_patch_0024(no_ops_venv, tmp_path:
     args = [*launcher.worker_args(["lora_zero3"], tmp_path / "out", 600, run_id), "--allow-jit"]
     argv = launcher.torchrun_argv(no_ops_venv.python, 2, launcher.free_port(), args)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
-    outcome = launcher.run_launch(argv, timeout_s=900, run_id=run_id, env=launcher.worker_env(env, staged))
+    outcome = launcher.run_launch(argv, patience=Patience(900), run_id=run_id, env=launcher.worker_env(env, staged))
     assert outcome.returncode == 0, outcome.log_tail
     lines = (tmp_path / "out" / "rank0.jsonl").read_text(encoding="utf-8").splitlines()
     result = next(json.loads(line) for line in lines if '"event": "result"' in line)

@@ -174,6 +174,7 @@ def test_dry_run_refuses_a_local_source_the_real_install_would_refuse(tmp_path: 
     (["rollback", "--python", "/bin/false"], 2, "--python /bin/false: not a working Python interpreter"),
     (["verify", "--only", ","], 2, "--only: no check named"),
     (["verify", "--timeout", "nan"], 2, "--timeout nan: must be a positive number"),
+    (["detect", "--tool-timeout", "inf"], 2, "--tool-timeout inf: must be a finite number of seconds"),
     (["install", "--dry-run", "--arch", ""], 2, "--arch: no GPU target given"),
 ])
 def test_inputs_that_used_to_slip_through_are_refused(args: list[str], code: int, message: str) -> None:

@@ -17,6 +17,7 @@ from support.cli import run_cli
 from support.e2e import still_there_after
 
 from mlstack_ds.errors import ExitCode, FetchError, UsageError
+from mlstack_ds.patience import Patience
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.source import fetch_source, parse_source_spec
 from mlstack_ds.source.cache import Cache
@@ -120,7 +121,7 @@ def test_a_git_server_that_never_answers_is_stopped_and_killed(tmp_path: Path) -
     started = time.monotonic()
     try:
         with pytest.raises(FetchError, match=r"did not finish within 3 s"):
-            clone_pinned_tag(Cache.open(cache), url, "v0.19.5", PINNED_UPSTREAM_COMMIT, timeout=3)
+            clone_pinned_tag(Cache.open(cache), url, "v0.19.5", PINNED_UPSTREAM_COMMIT, patience=Patience(ceiling_s=3))
     finally:
         server.close()
     assert time.monotonic() - started < 120  # the time-out and the kill, not a hang

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from support.ds_patch import FIXTURES, run_python_in_tree
 
+from mlstack_ds.patience import Patience
 from mlstack_ds.runner import run
 
 PROBE = Path(__file__).resolve().parent / "probes" / "therock_venv_probe.py"
@@ -50,10 +51,10 @@ def make_therock_venv(root: Path) -> tuple[Path, Path]:
     """A venv with the ROCm wheels' layout (docs/patches.md, 0021) and the test interpreter's packages
     (torch) chained in by a .pth file; (venv, its site-packages)."""
     made = run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(root)],
-               timeout=120)
+               patience=Patience(120))
     assert made.ok, made.tail()
     site = Path(run([str(root / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                    timeout=60).stdout.strip())
+                    patience=Patience(60)).stdout.strip())
     chained = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
     (site / "zz_test_interpreter.pth").write_text(
         "".join(f"import site; site.addsitedir({path!r})\n" for path in chained))

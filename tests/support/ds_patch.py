@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from mlstack_ds.patience import Patience
 from mlstack_ds.rehearsal.machine import without_host_variables
 from mlstack_ds.runner import RunResult, run
 
@@ -32,7 +33,7 @@ def run_python_in_tree(tree: Path, *args: str | Path, env: Mapping[str, str] | N
         "PATH": os.pathsep.join([*map(str, path_prepend), child_env.get("PATH", "")]),
     })
     child_env.update(env or {})
-    return run([str(python), *map(str, args)], env=child_env, cwd=tree, timeout=timeout)
+    return run([str(python), *map(str, args)], env=child_env, cwd=tree, patience=Patience(timeout))
 
 
 
@@ -74,7 +75,7 @@ HANG_GUARD_S = 900
 
 def hipify(root: Path, sources: Sequence[Path]) -> None:
     """Hipify `sources` and the headers they include under `root` in place, with torch's real hipify."""
-    result = run([sys.executable, "-c", HIPIFY, str(root), *map(str, sources)], timeout=HANG_GUARD_S)
+    result = run([sys.executable, "-c", HIPIFY, str(root), *map(str, sources)], patience=Patience(HANG_GUARD_S))
     assert result.ok, result.tail()
 
 
@@ -85,4 +86,4 @@ def hipcc_device_syntax_check(source: Path, arch: str, *, defines: Sequence[str]
     argv = [HIPCC, f"--offload-arch={arch}", "-nogpulib", "--cuda-device-only", "-fsyntax-only",
             "-std=c++17", "-D__HIP_PLATFORM_AMD__=1", *(f"-D{d}" for d in defines),
             *(f"-I{d}" for d in include_dirs), *extra_args, str(source)]
-    return run(argv, env={**os.environ, "HIP_PLATFORM": "amd"}, timeout=HANG_GUARD_S)
+    return run(argv, env={**os.environ, "HIP_PLATFORM": "amd"}, patience=Patience(HANG_GUARD_S))

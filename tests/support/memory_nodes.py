@@ -15,6 +15,7 @@ from typing import Any
 from mlstack_ds.cluster.tool import ToolRun
 from mlstack_ds.cluster.transport import ScriptAnswer
 from mlstack_ds.errors import EnvironmentProblem
+from mlstack_ds.patience import WAITS, Patience
 from mlstack_ds.runner import RunResult
 
 
@@ -49,13 +50,13 @@ class MemoryNodes:
     def check_ready(self, python: Path) -> None:
         self.calls.append(("check_ready", str(python)))
 
-    def run_tool(self, host: str, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool(self, host: str, args: Sequence[str | Path], *, patience: Patience,
                  run_id: str | None = None) -> ToolRun:
         self.calls.append((host, *map(str, args)))
         self._reach(host)
         return self.tool(host, [str(a) for a in args])
 
-    def run_tool_on_each(self, args: Sequence[str | Path], *, timeout_s: float,
+    def run_tool_on_each(self, args: Sequence[str | Path], *, patience: Patience,
                          done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
         runs = [ToolRun(0, dict(self.facts), "") for _host in self.hosts]
         for host, run in zip(self.hosts, runs, strict=True):
@@ -63,11 +64,11 @@ class MemoryNodes:
                 done(host, run)
         return runs
 
-    def script_on_each(self, script: str, *, timeout_s: float,
+    def script_on_each(self, script: str, *, patience: Patience,
                        done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
         raise AssertionError("no script is sent to these nodes")
 
-    def run(self, host: str, argv: Sequence[str | Path], *, timeout_s: float = 60.0) -> RunResult:
+    def run(self, host: str, argv: Sequence[str | Path], *, patience: Patience = WAITS["ssh command"]) -> RunResult:
         self.calls.append((host, *map(str, argv)))
         self._reach(host)
         return RunResult(tuple(map(str, argv)), self.exit_codes.get(str(argv[0]), 0), "", "", 0.0)

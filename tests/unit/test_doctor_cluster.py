@@ -15,7 +15,6 @@ from packaging import tags
 from support.target_env import bare_venv
 
 from mlstack_ds.cluster.nodeprobe import (
-    NODE_TIMEOUT_S,
     InterfaceAddress,
     NodeFacts,
     ReceiptSummary,
@@ -26,12 +25,13 @@ from mlstack_ds.cluster.nodeprobe import (
 )
 from mlstack_ds.cluster.transport import ScriptAnswer
 from mlstack_ds.detect.model import DeepSpeedInfo, PythonInfo, TorchDevice, TorchInfo
-from mlstack_ds.detect.target_probe import PROBE_CEILING_S, TargetFacts
+from mlstack_ds.detect.target_probe import TargetFacts
 from mlstack_ds.doctor.bundle import SHARED_HINT, BundleCoverage
 from mlstack_ds.doctor.cluster import ask_nodes, run_cluster_rules
 from mlstack_ds.doctor.cluster_input import ClusterInput, common_interface
 from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.rules import RULES, rule_by_id
+from mlstack_ds.patience import WAITS, Patience
 
 PYTHON = Path("/opt/venv/bin/python")
 TOOL = Path("/opt/mlstack/bin/python")
@@ -266,7 +266,7 @@ def run_script(python: Path, tool: Path, bundle: Path | None = None) -> subproce
     """The node script as ssh runs it there: `sh -s`, the script on stdin. The limit only catches a hang: the
     script imports torch, which took 111 s at a load of 25 (the probe's own ceiling, not a speed test)."""
     return subprocess.run(["sh", "-s"], input=node_script(python, tool, bundle=bundle), capture_output=True,
-                          text=True, timeout=PROBE_CEILING_S, check=True)
+                          text=True, timeout=WAITS["target probe"].ceiling_s, check=True)
 
 
 def test_node_script_runs_in_sh_and_parses(tmp_path: Path) -> None:
@@ -335,8 +335,8 @@ def test_the_nodes_are_asked_once_whichever_transport_reaches_them() -> None:
                ScriptAnswer("n3", "", interrupted=late, timed_out=True),
                ScriptAnswer("n4", full[:full.index("MLSTACK_TARGET_TORCH:")], interrupted=late, timed_out=True)]
 
-    def script_on_each(script: str, *, timeout_s: float, done: Callable[[ScriptAnswer], None]) -> list[ScriptAnswer]:
-        assert script == node_script(python, python) and timeout_s == NODE_TIMEOUT_S
+    def script_on_each(script: str, *, patience: Patience, done: Callable[[ScriptAnswer], None]) -> list[ScriptAnswer]:
+        assert script == node_script(python, python) and patience == WAITS["node probe"]
         for answer in answers:
             done(answer)
         return answers

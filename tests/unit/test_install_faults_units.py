@@ -81,13 +81,13 @@ def test_the_lock_is_held_across_processes_and_refused_or_waited_for(tmp_path: P
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         assert is_locked(tmp_path)
-        with pytest.raises(InstallError) as refused, target_lock(tmp_path, "/env/bin/python", timeout=0):
+        with pytest.raises(InstallError) as refused, target_lock(tmp_path, "/env/bin/python", timeout_s=0):
             pass
         assert f"another mlstack-ds install into /env/bin/python (pid {holder.pid}) is still running" in (
             refused.value.message)
         said: list[str] = []
         started = time.monotonic()
-        with pytest.raises(InstallError), target_lock(tmp_path, "/env/bin/python", timeout=0.5, waiting=said.append):
+        with pytest.raises(InstallError), target_lock(tmp_path, "/env/bin/python", timeout_s=0.5, waiting=said.append):
             pass
         assert time.monotonic() - started >= 0.5
         assert said == [f"waiting for another mlstack-ds install into /env/bin/python (pid {holder.pid}) to finish "
@@ -95,7 +95,7 @@ def test_the_lock_is_held_across_processes_and_refused_or_waited_for(tmp_path: P
     finally:
         holder.kill()
         holder.wait()
-    with target_lock(tmp_path, "python", timeout=0) as lock:  # released by the kernel when the holder died
+    with target_lock(tmp_path, "python", timeout_s=0) as lock:  # released by the kernel when the holder died
         assert not lock.waited
     assert not is_locked(tmp_path)
 

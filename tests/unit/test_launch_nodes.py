@@ -21,6 +21,7 @@ from mlstack_ds.errors import EnvironmentProblem
 from mlstack_ds.launch import launcher, nodes
 from mlstack_ds.launch.nodes import NodeLaunch
 from mlstack_ds.launch.session import launch_workers, progress_visible
+from mlstack_ds.patience import Patience
 from mlstack_ds.worker import protocol
 
 PYTHON = Path("/v/bin/python")
@@ -45,10 +46,10 @@ class LocalStart:
                   "    (Path(where) / f'rank{rank}.jsonl').write_text(json.dumps({'event': 'hello'}) + '\\n')\n")
         return [sys.executable, "-c", script, *args]
 
-    def run(self, argv: Sequence[str], *, timeout_s: float, run_id: str, env: Mapping[str, str], cwd: Path,
-            stall_s: float | None, progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
-        assert env["LOCAL_START_ARGV"] == "seen" and stall_s is None and progress is None
-        return launcher.run_launch(argv, timeout_s=timeout_s, run_id=run_id, env=env, cwd=cwd)
+    def run(self, argv: Sequence[str], *, patience: Patience, run_id: str, env: Mapping[str, str], cwd: Path,
+            progress: Callable[[], object] | None) -> launcher.LaunchOutcome:
+        assert env["LOCAL_START_ARGV"] == "seen" and patience.stall_s is None and progress is None
+        return launcher.run_launch(argv, patience=patience, run_id=run_id, env=env, cwd=cwd)
 
 
 def launch_over(transport: MemoryNodes, hosts: Sequence[HostEntry], start: LocalStart | None = None) -> NodeLaunch:
@@ -138,12 +139,12 @@ def test_a_launch_over_nodes_reads_every_ranks_records_the_shared_and_the_copied
     assert not progress_visible(over, [shared, copied]) and progress_visible(None, [])
     assert progress_visible(over, [shared])  # every node shares the launch directory: the stall rule can watch
     launched = launch_workers(PYTHON, lambda dirs: [str(dirs.results), str(node_b)], world_size=2, over=over,
-                              timeout_s=120, stall_s=60)
+                              patience=Patience(120, 60))
     assert launched.outcome.returncode == 0, launched.outcome.log_tail
     assert {rank: [r["event"] for r in records] for rank, records in launched.records.ranks.items()} == {
         0: ["hello"], 1: ["hello"]}
     assert [n.to_json()["files"] for n in launched.nodes] == ["shared", "copied"]
-    assert launched.watched is False  # node b's files come back only at the end: timeout_s bounded it
+    assert launched.watched is False  # node b's files come back only at the end: the ceiling bounded it
     stops = [call for call in transport.calls if call[0] == "stop"]
     assert len(stops) == 1 and stops[0][1].startswith("mlstack-verify-")
 
@@ -168,7 +169,7 @@ def test_a_launcher_that_stops_its_ranks_is_not_stopped_twice(tmp_path: Path) ->
     over = launch_over(transport, [HostEntry("a", 1), HostEntry("b", 1)],
                        LocalStart(node_b, stops_its_ranks=True))
     launched = launch_workers(PYTHON, lambda dirs: [str(dirs.results), str(node_b)], world_size=2, over=over,
-                              timeout_s=120, stall_s=60)
+                              patience=Patience(120, 60))
     assert launched.outcome.returncode == 0, launched.outcome.log_tail
     assert not [call for call in transport.calls if call[0] == "stop"]
     assert ("b", "copy_from", protocol.RESULTS_GLOB) in transport.calls  # the rest of finish still runs

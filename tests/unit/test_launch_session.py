@@ -17,6 +17,7 @@ from mlstack_ds.launch.session import (
     read_records,
     results_progress,
 )
+from mlstack_ds.patience import Patience
 
 FAKE_TORCHRUN = textwrap.dedent("""\
     import os, subprocess, sys
@@ -71,7 +72,7 @@ def test_every_rank_is_read_through_the_protocol_and_the_launch_directory_goes(t
         watched.append("stop")
 
     launched = launch_workers(Path(sys.executable), rank_args(seen), world_size=2, over=None,
-                              timeout_s=60, extra_env={"PYTHONPATH": fake_torch(tmp_path)}, watch=watch)
+                              patience=Patience(60), extra_env={"PYTHONPATH": fake_torch(tmp_path)}, watch=watch)
     assert launched.outcome.returncode == 0 and not launched.outcome.timed_out
     assert launched.argv[1:3] == ("-m", "torch.distributed.run") and launched.nodes == ()
     assert [[r["event"] for r in launched.records.ranks[rank]] for rank in (0, 1)] == [["hello", "result"]] * 2
@@ -83,7 +84,7 @@ def test_every_rank_is_read_through_the_protocol_and_the_launch_directory_goes(t
 def test_a_hung_rank_is_timed_out_swept_and_what_it_wrote_kept(tmp_path: Path) -> None:
     seen: list[LaunchDirs] = []
     launched = launch_workers(Path(sys.executable), rank_args(seen), world_size=2, over=None,
-                              timeout_s=3, extra_env={"PYTHONPATH": fake_torch(tmp_path), "FAKE_HANG": "1"})
+                              patience=Patience(3), extra_env={"PYTHONPATH": fake_torch(tmp_path), "FAKE_HANG": "1"})
     assert launched.outcome.timed_out
     assert [r["event"] for r in launched.records.ranks[1]] == ["hello"]
     assert [r["event"] for r in launched.records.ranks[0]] == ["hello", "result"]
@@ -95,7 +96,7 @@ def test_a_launch_that_keeps_reporting_outlasts_its_stall_limit(tmp_path: Path) 
     """Issue 28: a healthy launch slowed down by a busy machine is not a hang. Each rank reports every
     second for 16 s, twice the stall limit: it runs to its end."""
     launched = launch_workers(Path(sys.executable), rank_args([]), world_size=2, over=None,
-                              timeout_s=120, stall_s=8,
+                              patience=Patience(120, 8),
                               extra_env={"PYTHONPATH": fake_torch(tmp_path), "FAKE_STEPS": "16"})
     assert launched.outcome.returncode == 0 and not launched.outcome.timed_out, launched.outcome
     assert launched.outcome.duration_s > 16
@@ -107,7 +108,7 @@ def test_a_launch_whose_ranks_stop_reporting_is_stopped_at_its_stall_limit(tmp_p
     (120 s), ends it; what the ranks wrote is kept and nothing of it is left running."""
     seen: list[LaunchDirs] = []
     launched = launch_workers(Path(sys.executable), rank_args(seen), world_size=2, over=None,
-                              timeout_s=120, stall_s=8,
+                              patience=Patience(120, 8),
                               extra_env={"PYTHONPATH": fake_torch(tmp_path), "FAKE_HANG": "1"})
     assert launched.outcome.timed_out and launched.outcome.stalled
     assert launched.outcome.duration_s < 60

@@ -15,6 +15,7 @@ from mlstack_ds.cluster import srun_nodes
 from mlstack_ds.cluster.slurm import Allocation
 from mlstack_ds.cluster.srun_nodes import SrunNodes
 from mlstack_ds.errors import EnvironmentProblem
+from mlstack_ds.patience import Patience
 
 FAKE_SRUN = f"""#!{sys.executable}
 import os, subprocess, sys
@@ -60,7 +61,8 @@ def nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SrunNodes:
 
 def test_each_nodes_answer_comes_from_one_step_with_its_own_exit_code(nodes: SrunNodes) -> None:
     seen: list[str] = []
-    runs = nodes.run_tool_on_each(["install", "--dry-run"], timeout_s=60, done=lambda host, _run: seen.append(host))
+    runs = nodes.run_tool_on_each(["install", "--dry-run"], patience=Patience(60),
+                                  done=lambda host, _run: seen.append(host))
     assert seen == ["a", "b"]
     assert (runs[0].returncode, runs[0].document) == (0, {"action": "plan", "args": ["install", "--dry-run",
                                                                                      "--json"]})
@@ -68,7 +70,7 @@ def test_each_nodes_answer_comes_from_one_step_with_its_own_exit_code(nodes: Sru
 
 
 def test_one_node_on_its_own(nodes: SrunNodes) -> None:
-    run = nodes.run_tool("b", ["rollback"], timeout_s=60)
+    run = nodes.run_tool("b", ["rollback"], patience=Patience(60))
     assert (run.ok, run.returncode, run.error_message()) == (False, 7, "no bundle here")
 
 
@@ -92,7 +94,7 @@ def test_a_node_that_ran_no_task_is_named_not_taken_for_one_that_sees_nothing(no
 
 
 def test_a_script_on_every_node_and_a_node_that_printed_nothing(nodes: SrunNodes) -> None:
-    answers = nodes.script_on_each('[ "$FAKE_NODE" = b ] || echo "hello from $FAKE_NODE"', timeout_s=60)
+    answers = nodes.script_on_each('[ "$FAKE_NODE" = b ] || echo "hello from $FAKE_NODE"', patience=Patience(60))
     assert [(a.host, a.stdout, a.unreachable) for a in answers] == [
         ("a", "hello from a\n", None), ("b", "", "its srun task did not answer (srun exit 0)")]
     assert not nodes.copies_files and nodes.option == "--slurm"

@@ -23,6 +23,7 @@ from mlstack_ds.detect.target_probe import (
 from mlstack_ds.doctor.facts import SystemFacts, collect_facts
 from mlstack_ds.errors import UsageError
 from mlstack_ds.installed.health import installed_state
+from mlstack_ds.patience import Patience
 
 PYTHON = Path(sys.executable)
 
@@ -56,7 +57,7 @@ def test_a_hanging_torch_import_keeps_the_first_line(tmp_path: Path) -> None:
     """doctor's need: headers, prefix and RECORD even when `import torch` hangs on a broken driver."""
     env = fake_torch(tmp_path, "import time\ntime.sleep(300)\n")
     started = time.monotonic()
-    facts = probe_target(PYTHON, env, timeout=20)  # room for the first line on a loaded machine
+    facts = probe_target(PYTHON, env, patience=Patience(20, 60))  # room for the first line on a loaded machine
     assert time.monotonic() - started < 120  # the time-out, not the 300 s import
     assert facts.answered and facts.python.prefix == sys.prefix and facts.python.include_dir
     assert facts.torch is None and not facts.torch_probed

@@ -170,10 +170,10 @@ def test_auto_values_are_dropped_without_transformers(monkeypatch: pytest.Monkey
 # --- the node's checks, the tool check, the wheel build, site-packages -------------------------------------
 
 def test_the_connect_check(listening: int) -> None:
-    assert mlstack_connect_check.connect("127.0.0.1", listening) == "ok"
+    assert mlstack_connect_check.connect("127.0.0.1", listening, 10) == "ok"
     with socket.create_server(("127.0.0.1", 0)) as closed:
         port = closed.getsockname()[1]
-    assert mlstack_connect_check.connect("127.0.0.1", port).startswith("ConnectionRefusedError: ")
+    assert mlstack_connect_check.connect("127.0.0.1", port, 10).startswith("ConnectionRefusedError: ")
 
 
 def test_the_platform_tags_are_packagings() -> None:
@@ -251,7 +251,7 @@ RUNS: dict[str, Run] = {
                                            ("deepspeed/runtime/config.py", "DeepSpeedConfig = dict\n"))),
     "mlstack_dsconfig_parse": Run(["ds.json"], _marked(mlstack_dsconfig_parse.MARKER, {"hjson": False}),
                                   files=(("ds.json", "{}"),)),
-    "mlstack_connect_check": Run(["127.0.0.1", "{port}"], lambda out, cwd: _equal(out, "ok\n")),
+    "mlstack_connect_check": Run(["127.0.0.1", "{port}", "10"], lambda out, cwd: _equal(out, "ok\n")),
     "mlstack_platform_tags": Run([], lambda out, cwd: _equal(out, "fake_tag other_tag\n"),
                                  files=(("packaging/__init__.py", ""),
                                         ("packaging/tags.py", "def platform_tags():\n"

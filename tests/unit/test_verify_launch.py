@@ -16,6 +16,7 @@ from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.errors import UsageError
 from mlstack_ds.launch import launcher, pdsh
 from mlstack_ds.launch.session import read_records
+from mlstack_ds.patience import Patience
 from mlstack_ds.verify.suite import rank_logs
 
 
@@ -131,7 +132,7 @@ FAKE_LAUNCHER = textwrap.dedent("""\
 def test_run_launch_timeout_leaves_no_process_of_the_launch(tmp_path: Path) -> None:
     run_id = launcher.new_run_id()
     started = time.monotonic()
-    outcome = launcher.run_launch([sys.executable, "-c", FAKE_LAUNCHER], timeout_s=2, run_id=run_id)
+    outcome = launcher.run_launch([sys.executable, "-c", FAKE_LAUNCHER], patience=Patience(2), run_id=run_id)
     assert outcome.timed_out and outcome.returncode is None
     assert time.monotonic() - started < 120  # the time-out and the kill, not the 600 s sleep
     assert launcher.processes_with_marker(run_id) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mlstack_ds.launch.launcher import LaunchOutcome
+from mlstack_ds.patience import Patience
 from mlstack_ds.verify.suite import LaunchBounds, RankLog, _why_missing, launch_bounds
 
 
@@ -27,9 +28,9 @@ def test_a_launch_stopped_by_the_stall_rule_says_so() -> None:
 def test_where_progress_is_watched_the_time_out_is_a_stall_limit_and_per_check() -> None:
     """One node or Slurm: S without a report, and S per check plus S for start-up in all, whatever is left
     of the run (each launch gets its own). Over a hostfile: what is left of S for the whole run."""
-    assert launch_bounds(300, 19, -5, watched=True) == LaunchBounds(6000, 300, 6000)
-    assert launch_bounds(45, 1, 45, watched=True) == LaunchBounds(90, 45, 90)
-    assert launch_bounds(300, 19, 120, watched=False) == LaunchBounds(120, None, 300)
+    assert launch_bounds(300, 19, -5, watched=True) == LaunchBounds(Patience(6000, 300), 6000)
+    assert launch_bounds(45, 1, 45, watched=True) == LaunchBounds(Patience(90, 45), 90)
+    assert launch_bounds(300, 19, 120, watched=False) == LaunchBounds(Patience(120), 300)
     assert launch_bounds(300, 3, 0, watched=False).ceiling_s <= 0  # nothing left: not started
 
 
