@@ -72,8 +72,9 @@ def run_install(cluster: SlurmCluster, steps_file: Path, *args: str | Path) -> C
 
 
 def cli_pid(salloc: subprocess.Popen[str]) -> int:
-    """The CLI's own process under salloc (and sh): Python running `-m mlstack_ds`, a descendant of salloc."""
-    found = []
+    """The CLI's own process under salloc (and sh): Python running `-m mlstack_ds`, a descendant of salloc, and
+    the topmost such (a child the CLI has forked and not yet exec'd, srun's, still shows the CLI's argv)."""
+    found: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -81,10 +82,12 @@ def cli_pid(salloc: subprocess.Popen[str]) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv[1:3] == [b"-m", b"mlstack_ds"] and salloc.pid in ancestors(int(entry.name)):
-            found.append(int(entry.name))
-    assert len(found) == 1, f"not one CLI process under salloc {salloc.pid}: {found}"
-    return found[0]
+        chain = ancestors(int(entry.name))
+        if argv[1:3] == [b"-m", b"mlstack_ds"] and salloc.pid in chain:
+            found[int(entry.name)] = chain
+    topmost = [pid for pid, chain in found.items() if not set(chain) & set(found)]
+    assert len(topmost) == 1, f"not one CLI process under salloc {salloc.pid}: {sorted(found)}"
+    return topmost[0]
 
 
 def ancestors(pid: int) -> list[int]:
