@@ -30,6 +30,11 @@ for task, node in enumerate(opts["nodelist"].split(",")):
         sys.stderr.write(f"srun: error: {{node}}: task {{task}}: Unable to contact slurm controller\\n")
         code = 1
         continue
+    if node == os.environ.get("FAKE_SRUN_LAUNCH_FAILS"):  # its link down: srun's own words
+        sys.stderr.write(f"srun: error: Task launch for StepId=42.0 failed on node {{node}}: "
+                         "Communication connection failure\\n")
+        code = 1
+        continue
     done = subprocess.run(args, input=stdin, capture_output=True, text=True, env={{**os.environ, "FAKE_NODE": node}})
     out = "".join(f"{{task}}: {{line}}\\n" for line in done.stdout.splitlines()) if "label" in opts else done.stdout
     sys.stdout.write(out)
@@ -91,6 +96,15 @@ def test_a_node_that_ran_no_task_is_named_not_taken_for_one_that_sees_nothing(no
     assert gone.value.message == "node b ran no task (srun: error: b: task 1: Unable to contact slurm controller)"
     assert "squeue -j 42" in gone.value.hint
     assert nodes.sees([tmp_path / "missing"]) == {"a": frozenset(), "b": frozenset()}  # answered, saw nothing
+
+
+def test_a_node_srun_cannot_start_a_task_on_is_lost_though_sinfo_does_not_know_yet(nodes: SrunNodes) -> None:
+    """Before: `lost` read only sinfo, which shows a node up until slurmctld's next ping (minutes), so an install
+    whose step could not start on a node whose link had just gone down said "install failed: srun: Job step
+    aborted" (exit 7) instead of naming the node as lost (exit 3)."""
+    down = replace(nodes, env={**nodes.env, "FAKE_SRUN_LAUNCH_FAILS": "b"})
+    assert down.lost() == {"b": "does not answer Slurm (srun: Communication connection failure)"}
+    assert nodes.lost() == {}
 
 
 def test_a_script_on_every_node_and_a_node_that_printed_nothing(nodes: SrunNodes) -> None:
