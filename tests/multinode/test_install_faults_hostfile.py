@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import StreamedLines, assert_one_error
-from support.node_faults import link_down
+from support.node_faults import assert_disk_full_named, fill_node_package_dir, link_down
 from support.two_hosts import TwoHosts, head_cli, node_status, start_head_cli, wait_nothing_left
 
 from mlstack_ds.errors import ExitCode
@@ -100,19 +100,8 @@ def test_a_full_disk_on_one_node_is_one_line_naming_it_and_every_node_is_rolled_
         node_local_hosts: NodeLocalHosts, target: Path, warm_cache: Path, tmp_path: Path) -> None:
     with node_local_hosts(target, hardlinks=True) as hosts:
         node_b = hosts.hosts[1]
-        # node b's DeepSpeed package directory is a 256 KiB file system of its own there: pip fills it
-        (package,) = target.glob("lib/python3*/site-packages")
-        filled = package / "deepspeed"
-        (tmp_path / "mls-node-b-venv" / package.relative_to(target) / "deepspeed").mkdir()  # node b's copy only
-        mounted = hosts.run_on(node_b, ["mount", "-t", "tmpfs", "-o", "size=256k", "mls-full", filled])
-        assert mounted.returncode == 0, mounted.stderr
+        fill_node_package_dir(hosts, node_b, target, tmp_path / "mls-node-b-venv")
         result = head_cli(hosts, *install_argv(hosts, target, warm_cache), "--json", timeout=STEP_S * 2)
-        assert result.returncode == ExitCode.INSTALL, result.stderr[-3000:]
-        error_line, _hint = result.one_error()
-        assert error_line.startswith("error: node mls-node-b: install failed: "), error_line
-        assert "No space left on device" in error_line, error_line
-        assert error_line.endswith("; rolled back on mls-node-a"), error_line
-        assert [(n["host"], n["action"]) for n in result.json["error"]["nodes"]] == [
-            ("mls-node-a", "rolled-back"), ("mls-node-b", "failed")]
+        assert_disk_full_named(result, "mls-node-b", "mls-node-a")
         assert wait_nothing_left(hosts) == {}
         assert_as_before(hosts, target)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import CliResult, StreamedLines, assert_one_error, cli_argv
-from support.node_faults import link_down
+from support.node_faults import assert_disk_full_named, fill_node_package_dir, link_down
 from support.slurm_cluster import SlurmCluster, slurm_cluster
 from support.two_hosts import NODE_NAMES, REPO_ROOT, TwoHosts
 
@@ -205,19 +205,8 @@ def test_a_full_disk_on_one_node_is_one_line_naming_it_and_every_node_is_rolled_
         cluster: SlurmCluster, target: Path, warm_cache: Path, tmp_path: Path) -> None:
     steps = tmp_path / "steps"
     node_b = cluster.nodes[1]
-    # node b's DeepSpeed package directory is a 256 KiB file system of its own there: pip fills it
-    (package,) = target.glob("lib/python3*/site-packages")
-    filled = package / "deepspeed"
-    (tmp_path / "mls-node-b-venv" / package.relative_to(target) / "deepspeed").mkdir()  # node b's copy only
-    mounted = cluster.hosts.run_on(node_b, ["mount", "-t", "tmpfs", "-o", "size=256k", "mls-full", filled])
-    assert mounted.returncode == 0, mounted.stderr
+    fill_node_package_dir(cluster.hosts, node_b, target, tmp_path / "mls-node-b-venv")
     result = run_install(cluster, steps, *install_args(target, warm_cache), "--json")
-    assert result.returncode == ExitCode.INSTALL, result.stderr[-3000:]
-    error_line, _hint = result.one_error()
-    assert error_line.startswith("error: node mls-node-b: install failed: "), error_line
-    assert "No space left on device" in error_line, error_line
-    assert error_line.endswith("; rolled back on mls-node-a"), error_line
-    assert [(n["host"], n["action"]) for n in result.json["error"]["nodes"]] == [
-        ("mls-node-a", "rolled-back"), ("mls-node-b", "failed")]
+    assert_disk_full_named(result, "mls-node-b", "mls-node-a")
     assert_nothing_left(cluster, steps)
     assert_as_before(cluster, target)

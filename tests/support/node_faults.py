@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .two_hosts import INTERFACE, Host
+from mlstack_ds.errors import ExitCode
+
+from .cli import CliResult
+from .two_hosts import INTERFACE, Host, TwoHosts
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # this machine's cgroup v1 `cpu` controller
 
@@ -126,3 +129,24 @@ def lose_node_mid_check(cli: subprocess.Popen[str], lost: Host, tmpdir: Path, ch
             with contextlib.suppress(ProcessLookupError):  # its own session (Slurm's salloc), or just itself
                 os.killpg(cli.pid, signal.SIGKILL) if os.getpgid(cli.pid) == cli.pid else cli.kill()
             cli.communicate()
+
+
+def fill_node_package_dir(hosts: TwoHosts, node: Host, venv: Path, own_venv: Path) -> None:
+    """`node`'s DeepSpeed package directory of `venv` (its own copy `own_venv`, node_local_hosts) becomes a
+    256 KiB file system of its own there, so that pip fills it while installing DeepSpeed: a full disk on that
+    node only."""
+    (package,) = venv.glob("lib/python3*/site-packages")
+    (own_venv / package.relative_to(venv) / "deepspeed").mkdir()
+    mounted = hosts.run_on(node, ["mount", "-t", "tmpfs", "-o", "size=256k", "mls-full", package / "deepspeed"])
+    assert mounted.returncode == 0, mounted.stderr
+
+
+def assert_disk_full_named(result: CliResult, node: str, rolled_back: str) -> None:
+    """The install's one-line error names `node`'s full disk and the rollback of `rolled_back`."""
+    assert result.returncode == ExitCode.INSTALL, result.stderr[-3000:]
+    error_line, _hint = result.one_error()
+    assert error_line.startswith(f"error: node {node}: install failed: "), error_line
+    assert "No space left on device" in error_line, error_line
+    assert error_line.endswith(f"; rolled back on {rolled_back}"), error_line
+    assert [(n["host"], n["action"]) for n in result.json["error"]["nodes"]] == [
+        (rolled_back, "rolled-back"), (node, "failed")]
