@@ -280,13 +280,14 @@ def test_a_hanging_rank_times_out_and_leaves_no_process(target_venv) -> None:
 def test_a_slow_machine_is_not_a_hang(target_venv) -> None:
     """Issue 28: on a machine running three DeepSpeed builds at once, a fixed 300 s for the whole run
     is, by its timing, what failed all 19 checks of a healthy install. Here rank 1 takes 60 s longer over
-    each check (the test fault `slow`), so the run outlasts --timeout 150 while no rank goes 150 s without a
-    report (150 s also covers importing torch under load: 111 s measured at a load of 25): it passes."""
-    proc, report = run_verify(target_venv.python, "--only", "environment,zero1,zero2", "--timeout", "150",
+    each check (the test fault `slow`), so the run outlasts --timeout 100 (two checks: 120 s of the fault
+    alone) while no rank goes 100 s without a report (the longest pause is the fault's 60 s and the check;
+    importing torch under load, 111 s measured at a load of 25, writes `working` lines): it passes."""
+    proc, report = run_verify(target_venv.python, "--only", "environment,zero1", "--timeout", "100",
                               env={"MLSTACK_VERIFY_TEST_FAULT": "slow:rank1"})
     assert proc.returncode == 0, [(c["name"], c["reason"]) for c in report["checks"]]
-    assert [c["status"] for c in report["checks"]] == ["pass"] * 3
-    assert report["duration_s"] > 150
+    assert [c["status"] for c in report["checks"]] == ["pass"] * 2
+    assert report["duration_s"] > 100
 
 
 def test_a_crashing_rank_fails_its_check_and_leaves_no_process(target_venv) -> None:

@@ -79,6 +79,12 @@ def cpu_throttled(pid: int, fraction: float) -> Iterator[Path]:
                 time.sleep(0.2)
 
 
+# Rank 1 sleeps (SLOW_FAULT_S, 60 s) once it has begun the check, before its first collective: the window in
+# which a test takes its node away while the check runs. Without it zero1 takes about a second on a quiet
+# machine and ended before the link went down (a run of the Slurm lost-node test, 2026-11-29).
+HOLD_RANK1_IN = "slow:rank1:{check}"
+
+
 def ranks_started(root: Path, check: str, world_size: int, timeout: float) -> Path:
     """The results directory under `root` (the CLI's TMPDIR) once every rank has begun `check` (its
     `{"event": "start", "check": ...}` line), i.e. while the ranks train; AssertionError after `timeout`."""
