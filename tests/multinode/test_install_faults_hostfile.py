@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import StreamedLines, assert_one_error
-from support.node_faults import assert_disk_full_named, fill_node_package_dir, link_down
+from support.node_faults import assert_disk_full_named, assert_install_interrupted, fill_node_package_dir, link_down
 from support.two_hosts import TwoHosts, head_cli, node_status, start_head_cli, wait_nothing_left
 
 from mlstack_ds.errors import ExitCode
@@ -52,12 +52,7 @@ def test_a_stop_after_a_node_is_done_rolls_back_every_node(
             code = cli.wait(timeout=STEP_S)
         finally:
             cli.kill()
-        said = stderr.text()
-        assert code == ExitCode.INTERRUPTED, said[-3000:]
-        error, hint = assert_one_error(said)
-        assert error.startswith("error: interrupted: the install over 2 node(s) was stopped; rolled back on "), error
-        assert "mls-node-a" in error and "failed" not in error, error
-        assert hint == "hint: nothing of the run is left running; run the same command again to install", hint
+        assert_install_interrupted(code, stderr.text())
         assert wait_nothing_left(hosts) == {}  # no install, pip, ssh or sshd session of the run on either node
         assert_as_before(hosts, target)
 

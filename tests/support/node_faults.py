@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mlstack_ds.errors import ExitCode
 
-from .cli import CliResult
+from .cli import CliResult, assert_one_error
 from .two_hosts import INTERFACE, Host, TwoHosts
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # this machine's cgroup v1 `cpu` controller
@@ -156,3 +156,13 @@ def assert_disk_full_named(result: CliResult, node: str, rolled_back: str) -> No
     assert error_line.endswith(f"; rolled back on {rolled_back}"), error_line
     assert [(n["host"], n["action"]) for n in result.json["error"]["nodes"]] == [
         (rolled_back, "rolled-back"), (node, "failed")]
+
+
+def assert_install_interrupted(code: int, said: str) -> None:
+    """An install over two nodes stopped (Ctrl-C/SIGTERM) after node a was done: exit 130, one error naming
+    node a's rollback and no failure, and the hint that nothing is left running."""
+    assert code == ExitCode.INTERRUPTED, said[-3000:]
+    error, hint = assert_one_error(said)
+    assert error.startswith("error: interrupted: the install over 2 node(s) was stopped; rolled back on "), error
+    assert "mls-node-a" in error and "failed" not in error, error
+    assert hint == "hint: nothing of the run is left running; run the same command again to install", hint
