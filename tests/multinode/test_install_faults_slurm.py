@@ -128,10 +128,7 @@ def assert_nothing_left(cluster: SlurmCluster, steps_file: Path, timeout: float 
     listed = steps_file.read_text().splitlines()
     assert listed == [LISTED], f"steps left when the CLI ended: {listed}"
     assert cluster.wait_no_leftovers(timeout) == {}
-    deadline = time.monotonic() + timeout
-    while cluster.squeue():
-        assert time.monotonic() < deadline, f"jobs left in squeue: {cluster.squeue()}"
-        time.sleep(0.5)
+    assert cluster.wait_squeue_empty(timeout) == []
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

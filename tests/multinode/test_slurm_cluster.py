@@ -102,7 +102,7 @@ def test_cancelled_job_leaves_nothing_on_either_node(slurm: SlurmCluster) -> Non
             srun.kill()
         srun.communicate()
     slurm.wait_idle()
-    assert slurm.squeue() == []
+    assert slurm.wait_squeue_empty() == []
 
 
 TRAP = """

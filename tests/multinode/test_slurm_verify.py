@@ -43,7 +43,7 @@ def in_allocation(slurm: SlurmCluster, *args: str | Path, env: dict[str, str] | 
 
 def assert_nothing_left(slurm: SlurmCluster) -> None:
     assert slurm.wait_no_leftovers(LEFTOVER_BOUND) == {}
-    assert slurm.squeue() == []
+    assert slurm.wait_squeue_empty(LEFTOVER_BOUND) == []
 
 
 def test_slurm_outside_an_allocation_is_a_one_line_usage_error(tmp_path: Path) -> None:

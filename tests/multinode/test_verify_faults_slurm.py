@@ -66,10 +66,7 @@ def test_a_node_lost_mid_verify_is_named_and_nothing_is_left(slurm: SlurmCluster
     assert run.took_s < STALL_S + CLEANUP_S, f"verify took {run.took_s:.0f} s after the link went down"
     assert run.left == [], f"processes of the run left on node a: {slurm.leftovers()}"
     assert slurm.wait_no_leftovers(LEFTOVER_BOUND) == {}
-    deadline = time.monotonic() + LEFTOVER_BOUND
-    while slurm.squeue():
-        assert time.monotonic() < deadline, f"jobs left in squeue: {slurm.squeue()}"
-        time.sleep(1)
+    assert slurm.wait_squeue_empty(LEFTOVER_BOUND) == []
     slurm.wait_idle()
 
 
@@ -95,7 +92,4 @@ def test_a_node_ten_times_slower_passes_with_the_same_results(slurm: SlurmCluste
         ("zero1", "pass", {"0": "pass", "1": "pass"})]
     assert took > 2 * quick_took, f"{took:.0f} s throttled, {quick_took:.0f} s not: the quota did not apply"
     assert slurm.wait_no_leftovers(120) == {}
-    deadline = time.monotonic() + 120  # salloc's job leaves squeue a moment after the CLI ends (completing)
-    while slurm.squeue():
-        assert time.monotonic() < deadline, f"jobs left in squeue: {slurm.squeue()}"
-        time.sleep(1)
+    assert slurm.wait_squeue_empty(120) == []

@@ -115,6 +115,17 @@ class SlurmCluster:
         out = self.run_in(self.login, ["squeue", "-h", "-o", "%i"], timeout=60)
         return out.stdout.split()
 
+    def wait_squeue_empty(self, timeout: float = 120) -> list[str]:
+        """`squeue()` once it is empty, or what is still there after `timeout` seconds: a job whose last process
+        is gone stays in squeue as completing (CG) until slurmctld hears from every node, a moment after its
+        salloc or CLI ended (measured on a busy CI machine: still listed right after the CLI's exit)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            jobs = self.squeue()
+            if not jobs or time.monotonic() > deadline:
+                return jobs
+            time.sleep(0.5)
+
     def processes(self, node: Host) -> list[int]:
         """PIDs in `node`'s network namespace other than its sshd and Slurm daemons (slurmctld's own child
         slurmscriptd included): a job's processes, slurmstepd included (to prove nothing of a job is left)."""
