@@ -98,10 +98,11 @@ WAITS: MappingProxyType[str, Patience] = MappingProxyType({
     "index connect": Patience(ceiling_s=10.0),
     "index read": Patience(ceiling_s=60.0),
     # -- on nodes -----------------------------------------------------------------------------------------
-    # The node probe (doctor --hostfile/--slurm) imports torch on the node. Fixed: ssh and srun sit idle
-    # here while the node works, so no progress can be seen from this host; hence the same ceiling as the
-    # local probe's (900 s), not the old 150 s that a torch import under load outlasts.
-    "node probe": Patience(ceiling_s=900.0),
+    # The node probe (doctor --hostfile/--slurm) imports torch on the node: the local probe's rule (60 s
+    # without progress, 900 s in all), watched through the script's heartbeat on stderr (a line each second
+    # the probe used CPU or read from disk; ssh and srun themselves sit idle), not the old fixed 150 s that
+    # a torch import under load outlasts.
+    "node probe": Patience(ceiling_s=900.0, stall_s=60.0),
     # `mlstack-ds detect` on a node: its own probe waits up to 900 s there by the stall rule, its tools up
     # to 300 s; fixed here (ssh is idle), and above those so the node's own patience decides, not ssh's.
     "node detect": Patience(ceiling_s=1500.0),
@@ -134,6 +135,12 @@ WAITS: MappingProxyType[str, Patience] = MappingProxyType({
     "srun terminate grace": Patience(ceiling_s=30.0),
     # Until squeue no longer lists a cancelled step (KillWait 30 s by default, and load).
     "srun step gone": Patience(ceiling_s=120.0),
+    # The same for a step whose node went silent: squeue lists it until slurmctld marks that node down
+    # (minutes), so only the cancel is sent and the tasks on nodes that answer get their KillWait.
+    "srun silent step gone": Patience(ceiling_s=15.0),
+    # How long a node's task may print nothing at all, its heartbeat included (cluster/heartbeat.py, a line
+    # every 5 s), before its node is taken for lost: a dozen beats missed, not one late under load.
+    "silent node": Patience(ceiling_s=60.0),
 })
 
 

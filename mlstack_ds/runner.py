@@ -70,6 +70,7 @@ def run(
     pass_fds: Sequence[int] = (),
     terminate_s: float = 0.0,
     progress: Callable[[], object] | None = None,
+    stall_on_stderr: bool = False,
 ) -> RunResult:
     """Run `argv` to completion, capturing text output; raise ToolMissing/ToolTimedOut/ToolError.
 
@@ -78,33 +79,54 @@ def run(
     child's session is SIGKILLed; with `terminate_s`, it gets SIGTERM first and that long to exit (srun:
     SIGTERM makes it kill its job step on every node, SIGKILL would leave the step running).
     `patience` (an entry of patience.WAITS, or a user's option made into one), `progress`: see
-    `wait_patiently`.
+    `wait_patiently`. `stall_on_stderr`: progress is what the child has written to stderr so far (a remote
+    task's heartbeat through srun, cluster/heartbeat.py: the local srun itself is idle however the task
+    fares), so `patience.stall_s` is how long it may stay silent.
     """
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
-    proc = _start(args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, pass_fds=pass_fds)
-    first = [True]
-
-    def communicate(seconds: float) -> tuple[str, str]:
-        # Retrying communicate() after its TimeoutExpired loses no output and no input (Popen keeps both).
-        sent, first[0] = input_text if first[0] else None, False
-        return proc.communicate(input=sent, timeout=seconds)
-
+    # stderr into a file when its growth is the progress: communicate() shows a pipe's text only at the end
+    err_file = (tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 closed below
+                if stall_on_stderr else None)
     try:
-        stdout, stderr = wait_patiently(proc, communicate, args, started=started, patience=patience,
-                                        progress=progress)
-    except BaseException:
-        _terminate(proc, terminate_s)
-        raise
-    return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+        proc = _start(args, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                      stdout=subprocess.PIPE, stderr=err_file or subprocess.PIPE, env=env, cwd=cwd,
+                      pass_fds=pass_fds)
+        first = [True]
+
+        def communicate(seconds: float) -> tuple[str, str]:
+            # Retrying communicate() after its TimeoutExpired loses no output and no input (Popen keeps both).
+            sent, first[0] = input_text if first[0] else None, False
+            return proc.communicate(input=sent, timeout=seconds)
+
+        how = ""
+        if err_file is not None:
+            progress, how = _file_size(err_file), " (printed nothing)"
+        try:
+            stdout, stderr = wait_patiently(proc, communicate, args, started=started, patience=patience,
+                                            progress=progress, how=how)
+        except BaseException:
+            _terminate(proc, terminate_s)
+            raise
+        if err_file is not None:
+            err_file.seek(0)
+            stderr = err_file.read()
+        return RunResult(args, proc.returncode, stdout, stderr, time.monotonic() - started)
+    finally:
+        if err_file is not None:
+            err_file.close()
+
+
+def _file_size(file: Any) -> Callable[[], int]:
+    return lambda: os.fstat(file.fileno()).st_size
 
 
 POLL_S = 1.0  # how often a patient wait looks at the child's progress
 
 
 def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args: tuple[str, ...], *,
-                   started: float, patience: Patience, progress: Callable[[], object] | None = None) -> T:
+                   started: float, patience: Patience, progress: Callable[[], object] | None = None,
+                   how: str = "") -> T:
     """`wait(seconds)` (raising TimeoutExpired) until the child ends; ToolTimedOut when `patience.ceiling_s`
     have passed since `started`, or, with `patience.stall_s`, ToolStalled when it made no progress for that long:
     `progress()` returned the same value all that time (default: its session's CPU, faults and I/O).
@@ -112,7 +134,8 @@ def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args
     Why progress and not only wall time: a torch import takes 10 s on a quiet machine and minutes on one
     thrashing under parallel compiles (measured: 111 s at a load of 25, against a 120 s limit). Killed
     there, the tool answered "PyTorch is not installed". A hung driver or lock uses no CPU and reads
-    nothing, so it is still stopped after `stall_s`; a slow import keeps going up to the ceiling."""
+    nothing, so it is still stopped after `stall_s`; a slow import keeps going up to the ceiling. `how`: what
+    "no progress" meant, for the message (a given `progress`'s own words)."""
     ceiling_s, stall_s = patience.ceiling_s, patience.stall_s
     deadline = started + ceiling_s
     if stall_s is None:
@@ -134,7 +157,7 @@ def wait_patiently(proc: subprocess.Popen[str], wait: Callable[[float], T], args
             if now >= deadline:
                 raise _timed_out(args, ceiling_s) from exc
             if now - moved >= stall_s:
-                raise _stalled(args, stall_s, "" if progress is not None else
+                raise _stalled(args, stall_s, how if progress is not None else
                                " (no CPU time, page faults or reads)") from exc
 
 
@@ -153,9 +176,10 @@ class Background:
     importing torch) and, meanwhile, runs the quick tools, and Ctrl-C still stops both at once."""
 
     def __init__(self, args: tuple[str, ...], patience: Patience, env: Mapping[str, str] | None,
-                 input_text: str | None = None) -> None:
+                 input_text: str | None = None, stall_on_stderr: bool = False) -> None:
         self.args = args
         self.patience = patience
+        self.stall_on_stderr = stall_on_stderr
         self.started = time.monotonic()
         # Files, not pipes: nobody reads the output until result(), and a full pipe would stall the child.
         self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 close()
@@ -180,7 +204,9 @@ class Background:
         assert self._proc is not None
         try:
             wait_patiently(self._proc, lambda seconds: self._proc.wait(timeout=seconds),  # type: ignore[union-attr]
-                           self.args, started=self.started, patience=self.patience)
+                           self.args, started=self.started, patience=self.patience,
+                           progress=_file_size(self._err) if self.stall_on_stderr else None,
+                           how=" (printed nothing)" if self.stall_on_stderr else "")
         except ToolTimedOut:
             _kill_group(self._proc)
             raise
@@ -214,10 +240,11 @@ def run_in_background(
     patience: Patience,
     env: Mapping[str, str] | None = None,
     input_text: str | None = None,
+    stall_on_stderr: bool = False,
 ) -> Iterator[Background]:
     """Start `argv` for the duration of the block; whatever is left running at its end is killed.
-    `patience`: see `wait_patiently`."""
-    handle = Background(tuple(os.fspath(a) for a in argv), patience, env, input_text)
+    `patience`: see `wait_patiently`; `stall_on_stderr`: see `run`."""
+    handle = Background(tuple(os.fspath(a) for a in argv), patience, env, input_text, stall_on_stderr)
     try:
         yield handle
     finally:
@@ -225,8 +252,10 @@ def run_in_background(
 
 
 def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: Mapping[str, str] | None,
-           cwd: Path | None, line_buffered: bool = False, pass_fds: Sequence[int] = ()) -> subprocess.Popen[str]:
-    """Popen in a new session (so the whole group can be killed); start failures become ToolErrors.
+           cwd: Path | None, line_buffered: bool = False, pass_fds: Sequence[int] = (),
+           own_session: bool = True) -> subprocess.Popen[str]:
+    """Popen in a new session (so the whole group can be killed; `own_session=False`: in this one, for
+    `run_beating`'s child); start failures become ToolErrors.
 
     Either the child is returned running, or it is killed and the error (or Ctrl-C) raised: no child is
     ever left without a Popen object the caller can kill. Ctrl-C or SIGTERM are therefore held while the
@@ -239,7 +268,7 @@ def _start(args: tuple[str, ...], *, stdin: Any, stdout: Any, stderr: Any, env: 
             try:
                 proc.__init__(  # type: ignore[misc]
                     args, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env) if env is not None else None,
-                    cwd=cwd, text=True, errors="replace", start_new_session=True,
+                    cwd=cwd, text=True, errors="replace", start_new_session=own_session,
                     bufsize=1 if line_buffered else -1, pass_fds=tuple(pass_fds),
                 )
             except FileNotFoundError as exc:
@@ -355,6 +384,31 @@ def _timed_out(args: tuple[str, ...], ceiling_s: float) -> ToolTimedOut:
         f"{Path(args[0]).name} did not finish within {ceiling_s:g} s",
         hint="the tool may be hanging on a driver or device; run it by hand to see",
     )
+
+
+def run_beating(argv: Sequence[str | os.PathLike[str]], *, every_s: float, beat: Callable[[], None]) -> int:
+    """Run `argv` with this process's stdin, stdout and stderr, calling `beat()` every `every_s` seconds until
+    it ends (cluster/heartbeat.py: a node task's sign of life); its exit code, 128+N when signal N ended it.
+
+    No patience: whoever started this process decides how long it may run and stops it with a signal. The
+    child stays in this process's group and session (not a session of its own, as `_start` otherwise gives),
+    so what stops a task (slurmstepd signals every process of the step, or its process group) reaches it
+    directly; this process then only outlives the signal (SIGTERM: the tool finishes a package swap it is
+    in) and reports how the child ended. Passing the signal on would deliver it twice."""
+    args = tuple(os.fspath(a) for a in argv)
+    proc = _start(args, stdin=None, stdout=None, stderr=None, env=None, cwd=None, own_session=False)
+    outlived = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, lambda _signum, _frame: None) for signum in outlived}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=every_s)
+                return code if code >= 0 else 128 - code
+            except subprocess.TimeoutExpired:
+                beat()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run_streaming(

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from mlstack_ds.cluster.heartbeat import BEAT
 from mlstack_ds.detect.marked import marked_object
 from mlstack_ds.detect.target_probe import TargetFacts, parse_target_output
 from mlstack_ds.installed.receipt import Receipt
@@ -37,8 +38,8 @@ IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # What a Slurm task sees that decides its devices and threads (`doctor --slurm`'s pitfalls).
 TASK_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                   "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_NODEID", "SLURM_PROCID")
-# How long a node's answer may take: patience.WAITS["node probe"] (a fixed bound as long as the local
-# probe's ceiling; the table says why the stall rule cannot watch it from here).
+# How long a node's answer may take: patience.WAITS["node probe"], the local probe's stall rule, watched
+# through the heartbeat the script writes while the probe works (`_ORPHAN_WATCH`).
 # The end lines of the here-documents that carry target_side modules' text to a node's `python -`.
 _HEREDOC_END = "MLSTACK_NODE_PROBE_END"
 _CONNECT_END = "MLSTACK_NODE_CONNECT_END"
@@ -187,12 +188,18 @@ def _heredoc(command: str, module: ModuleType, end: str, after: str = "") -> str
 # ssh sends no hangup to a command without a terminal: when the tool is stopped (Ctrl-C) and its ssh goes,
 # the node's shell is only re-parented, and a probe hanging in `import torch` would stay there for good.
 # So the probe runs in the background and a watcher kills it once this shell's parent is no longer sshd.
-_ORPHAN_WATCH = """probe=$!
-( while kill -0 "$probe" 2>/dev/null; do
+# The watcher is also the probe's heartbeat (cluster/heartbeat.py's line, on stderr): once a second in which
+# the probe used CPU or read from disk (its /proc stat's majflt, utime, stime, after the command name), so
+# that the head stops a hung probe by the stall rule (WAITS["node probe"]) and lets a slow import go on.
+_ORPHAN_WATCH = f"""probe=$!
+( last=
+  while kill -0 "$probe" 2>/dev/null; do
     now=$(ps -o ppid= -p $$ 2>/dev/null | tr -d ' ')  # empty without ps: then nothing is killed
-    [ -z "$now" ] || [ "$now" = "$PPID" ] || { kill -9 "$probe" 2>/dev/null; exit; }
+    [ -z "$now" ] || [ "$now" = "$PPID" ] || {{ kill -9 "$probe" 2>/dev/null; exit; }}
+    used=$(sed 's/.*) //' "/proc/$probe/stat" 2>/dev/null | cut -d' ' -f10,12,13)
+    [ -z "$used" ] || [ "$used" = "$last" ] || {{ last=$used; echo '{BEAT}' >&2; }}
     sleep 1
-  done ) >/dev/null 2>&1 &
+  done ) >/dev/null &
 watch=$!
 wait "$probe"; status=$?
 kill "$watch" 2>/dev/null

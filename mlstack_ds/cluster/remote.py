@@ -63,11 +63,13 @@ def run_on(host: str, command: Sequence[str | Path], *, patience: Patience = WAI
 
 
 def start_on(host: str, command: Sequence[str | Path], *, patience: Patience = WAITS["ssh command"],
-             env: Mapping[str, str] | None = None, input_text: str | None = None
+             env: Mapping[str, str] | None = None, input_text: str | None = None, stall_on_stderr: bool = False
              ) -> AbstractContextManager[runner.Background]:
     """`command` on `host` in the background, for a caller that wants what it printed before a time-out
-    (`Background.partial_stdout`): a remote probe that prints in stages keeps the stages it finished."""
-    return runner.run_in_background(ssh_argv(host, command), patience=patience, env=env, input_text=input_text)
+    (`Background.partial_stdout`): a remote probe that prints in stages keeps the stages it finished.
+    `stall_on_stderr`: see `runner.run` (ssh is idle while the node works; the node's stderr is not)."""
+    return runner.run_in_background(ssh_argv(host, command), patience=patience, env=env, input_text=input_text,
+                                    stall_on_stderr=stall_on_stderr)
 
 
 def unreachable(result: runner.RunResult, host: str) -> NodeUnreachable | None:

@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlstack_ds import runner
+from mlstack_ds.cluster.heartbeat import without_beats
 from mlstack_ds.cluster.slurm import Allocation
 from mlstack_ds.cluster.srun_steps import find_srun, on_each_node, on_node, stop_steps
-from mlstack_ds.cluster.tool import ToolRun, answered_code, parse_document, tool_argv, tool_timed_out
+from mlstack_ds.cluster.tool import (
+    ToolRun,
+    answered_code,
+    beating_tool_argv,
+    parse_document,
+    tool_timed_out,
+)
 from mlstack_ds.cluster.transport import ScriptAnswer
-from mlstack_ds.errors import EnvironmentProblem, MlstackError, ToolError, ToolTimedOut
+from mlstack_ds.errors import EnvironmentProblem, MlstackError, ToolError, ToolStalled, ToolTimedOut
 from mlstack_ds.patience import WAITS, Patience
 
 # One step for all nodes starts and ends slower than one ssh call (slurmctld, slurmd and every task's
@@ -55,22 +62,35 @@ class SrunNodes:
 
     def run_tool(self, host: str, args: Sequence[str | Path], *, patience: Patience,
                  run_id: str | None = None) -> ToolRun:
-        """One step, named `run_id` when given (what `stop` cancels)."""
+        """One step, named `run_id` when given (what `stop` cancels), the tool under a heartbeat
+        (cluster/heartbeat.py): a node that prints nothing for WAITS["silent node"] is taken for lost and the
+        step given up, where srun alone would wait for it until slurmctld marks it down."""
+        silent_s = WAITS["silent node"].ceiling_s
         try:
-            result = on_node(self.allocation, host, tool_argv([*args, "--json"]), patience=patience, env=self.env,
-                             name=run_id)
+            result = on_node(self.allocation, host, beating_tool_argv([*args, "--json"]),
+                             patience=patience.with_stall(silent_s), env=self.env, name=run_id, stall_on_stderr=True)
+        except ToolStalled as exc:
+            raise EnvironmentProblem(f"node {host}: mlstack-ds {args[0]} went silent (no heartbeat for {silent_s:g} s)",
+                                     hint=f"is {host} still up and reachable (`sinfo -n {host}`)?") from exc
         except ToolTimedOut as exc:
             raise tool_timed_out(host, args, patience) from exc
-        return ToolRun(result.returncode, parse_document(result.stdout), result.stderr)
+        return ToolRun(result.returncode, parse_document(result.stdout), without_beats(result.stderr))
 
     def run_tool_on_each(self, args: Sequence[str | Path], *, patience: Patience,
                          done: Callable[[str, ToolRun], None] | None = None) -> list[ToolRun]:
         """One step; each node's answer is its own document, with the step's stderr for a node that printed
-        none (srun's word on why its task did not run, or the tool's traceback)."""
+        none (srun's word on why its task did not run, or the tool's traceback). Under the heartbeat, as
+        `run_tool`: once the other nodes have answered, a node that went silent ends the step."""
+        silent_s = WAITS["silent node"].ceiling_s
         try:
             answers, result = on_each_node(self.allocation, list(self.hosts),
-                                           ["sh", "-c", ALWAYS_ZERO, "sh", *tool_argv([*args, "--json"])],
-                                           patience=patience, env=self.env)
+                                           ["sh", "-c", ALWAYS_ZERO, "sh", *beating_tool_argv([*args, "--json"])],
+                                           patience=patience.with_stall(silent_s), env=self.env,
+                                           stall_on_stderr=True)
+        except ToolStalled as exc:
+            named = "".join(f"; node {host} {why}" for host, why in self.lost().items())
+            raise EnvironmentProblem(f"mlstack-ds {args[0]} went silent on a node (no heartbeat for {silent_s:g} s)"
+                                     f"{named}", hint=self._allocation_hint) from exc
         except ToolTimedOut as exc:
             raise EnvironmentProblem(f"mlstack-ds {args[0]} did not finish on every node within "
                                      f"{patience.ceiling_s:g} s",
@@ -79,7 +99,7 @@ class SrunNodes:
         runs = []
         for host in self.hosts:
             document = parse_document(answers.get(host, ""))
-            run = ToolRun(answered_code(document, result.returncode), document, result.stderr)
+            run = ToolRun(answered_code(document, result.returncode), document, without_beats(result.stderr))
             if done is not None:
                 done(host, run)
             runs.append(run)
@@ -88,12 +108,14 @@ class SrunNodes:
     def script_on_each(self, script: str, *, patience: Patience,
                        done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
         """One step of `sh -s` with the script as every task's stdin; a node whose task printed nothing did
-        not answer."""
-        step = Patience(ceiling_s=patience.ceiling_s * STEP_SLACK)  # srun is idle here: a fixed bound
+        not answer. The stall rule watches the step's stderr, every node's together (`script_on_each`)."""
+        step = Patience(ceiling_s=patience.ceiling_s * STEP_SLACK, stall_s=patience.stall_s)
         try:
             outputs, result = on_each_node(self.allocation, list(self.hosts), ["sh", "-s"], input_text=script,
-                                           patience=step, env=self.env)
+                                           patience=step, env=self.env, stall_on_stderr=step.watched)
             silent = f"its srun task did not answer (srun exit {result.returncode})"
+        except ToolStalled:
+            outputs, silent = {}, f"its srun task showed no sign of progress for {step.stall_s:g} s"
         except ToolTimedOut:
             outputs, silent = {}, f"its srun task did not answer within {step.ceiling_s:g} s"
         answers = []
@@ -167,10 +189,11 @@ class SrunNodes:
     def _unlaunchable(self, hosts: Sequence[str]) -> dict[str, str]:
         """Those of `hosts` that srun names as a node it could not start a task on, in one step of `true`
         (a node it does not name is not taken for lost: with --kill-on-bad-exit, one node's failed launch
-        can end the others' tasks before they print)."""
+        can end the others' tasks before they print). `--overlap`: a step given up on a node that went silent
+        still holds the job's CPUs there, and a step without it would wait for them instead of launching."""
         try:
             _answers, result = on_each_node(self.allocation, list(hosts), ["true"], patience=WAITS["srun check step"],
-                                            env=self.env)
+                                            env=self.env, overlap=True)
         except MlstackError:  # no srun, or a step that did not end in time: nothing tells
             return {}
         failed = {match.group(1): match.group(2).strip() for match in LAUNCH_FAILED.finditer(result.stderr)}

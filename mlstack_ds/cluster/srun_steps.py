@@ -23,7 +23,7 @@ from mlstack_ds import runner
 from mlstack_ds.cluster import labelled
 from mlstack_ds.cluster.hostfile import HostEntry
 from mlstack_ds.cluster.slurm import Allocation
-from mlstack_ds.errors import EnvironmentProblem, ToolError
+from mlstack_ds.errors import EnvironmentProblem, ToolError, ToolStalled
 from mlstack_ds.patience import WAITS, Patience
 
 
@@ -32,11 +32,13 @@ def step_name(kind: str) -> str:
     return f"mlstack-verify-{uuid.uuid4().hex[:16]}-{kind}"
 
 
-def step_options(allocation: Allocation, hosts: Sequence[HostEntry], name: str, tasks_per_node: int) -> list[str]:
-    """srun's options for one step on `hosts` (a prefix of the allocation's nodes), `tasks_per_node` each."""
+def step_options(allocation: Allocation, hosts: Sequence[HostEntry], name: str, tasks_per_node: int, *,
+                 overlap: bool = False) -> list[str]:
+    """srun's options for one step on `hosts` (a prefix of the allocation's nodes), `tasks_per_node` each;
+    `overlap`: sharing the CPUs of steps that still hold them (one left on a node that went silent)."""
     return [f"--jobid={allocation.job_id}", f"--nodes={len(hosts)}", f"--nodelist={','.join(h.host for h in hosts)}",
             f"--ntasks={len(hosts) * tasks_per_node}", f"--ntasks-per-node={tasks_per_node}", f"--job-name={name}",
-            "--export=ALL", "--kill-on-bad-exit=1"]
+            "--export=ALL", "--kill-on-bad-exit=1", *(["--overlap"] if overlap else [])]
 
 
 def find_srun(env: Mapping[str, str]) -> Path:
@@ -49,15 +51,23 @@ def find_srun(env: Mapping[str, str]) -> Path:
 
 def run_step(argv: Sequence[str], *, patience: Patience, job_id: str, run_id: str, env: Mapping[str, str],
              cwd: Path | None = None, input_text: str | None = None,
-             progress: Callable[[], object] | None = None) -> runner.RunResult:
-    """Run one srun step to completion or time-out (`patience`, `progress`: see `runner.wait_patiently`);
-    afterwards no task of it is left on any node."""
+             progress: Callable[[], object] | None = None, stall_on_stderr: bool = False) -> runner.RunResult:
+    """Run one srun step to completion or time-out (`patience`, `progress`, `stall_on_stderr`: see `runner.run`);
+    afterwards no task of it is left on any node, except on a node that went silent (below)."""
+    gone = WAITS["srun step gone"]
     try:
         return runner.run(argv, patience=patience, env=env, cwd=cwd,
                           terminate_s=WAITS["srun terminate grace"].ceiling_s, input_text=input_text,
-                          progress=progress)
+                          progress=progress, stall_on_stderr=stall_on_stderr)
+    except ToolStalled:
+        if stall_on_stderr:
+            # its tasks' heartbeat stopped: their node does not answer, so the cancel cannot reach it and
+            # squeue lists the step until slurmctld marks the node down (minutes); waiting for that only
+            # delays the rollback of the nodes that do answer
+            gone = WAITS["srun silent step gone"]
+        raise
     finally:  # also on Ctrl-C/SIGTERM: srun had its SIGTERM; what Slurm still runs of the step is cancelled
-        stop_steps(job_id, run_id, env)
+        stop_steps(job_id, run_id, env, gone)
 
 
 def live_steps(job_id: str, name: str, env: Mapping[str, str]) -> list[str]:
@@ -90,24 +100,27 @@ def stop_steps(job_id: str, name: str, env: Mapping[str, str], patience: Patienc
 
 def on_each_node(allocation: Allocation, hosts: Sequence[str], argv: Sequence[str | Path], *, patience: Patience,
                  env: Mapping[str, str], input_text: str | None = None,
-                 name: str | None = None) -> tuple[dict[str, str], runner.RunResult]:
-    """`argv` once on each of `hosts` in one srun step (one task per node, `--label`, named `name`); returns
-    each node's own stdout, whole (`labelled`: a node whose task printed nothing is absent), and the step's
-    result. Raises ToolTimedOut after `patience`, with the step gone."""
+                 name: str | None = None, overlap: bool = False, stall_on_stderr: bool = False
+                 ) -> tuple[dict[str, str], runner.RunResult]:
+    """`argv` once on each of `hosts` in one srun step (one task per node, `--label`, named `name`; `overlap`:
+    see `step_options`; `stall_on_stderr`: see `runner.run`); returns each node's own stdout, whole
+    (`labelled`: a node whose task printed nothing is absent), and the step's result. Raises ToolTimedOut
+    after `patience`, with the step gone."""
     entries = [HostEntry(host, 1) for host in hosts]
     name = name or step_name("each")
-    command = [str(find_srun(env)), *step_options(allocation, entries, name, 1), "--label",
+    command = [str(find_srun(env)), *step_options(allocation, entries, name, 1, overlap=overlap), "--label",
                *(["--input=all"] if input_text is not None else []), *labelled.wrapped([str(a) for a in argv])]
     result = run_step(command, patience=patience, job_id=allocation.job_id, run_id=name, env=env,
-                      input_text=input_text)
+                      input_text=input_text, stall_on_stderr=stall_on_stderr)
     outputs = labelled.task_outputs(result.stdout)
     return {hosts[task]: text for task, text in outputs.items() if task < len(hosts)}, result
 
 
 def on_node(allocation: Allocation, host: str, argv: Sequence[str | Path], *, patience: Patience,
-            env: Mapping[str, str], name: str | None = None) -> runner.RunResult:
+            env: Mapping[str, str], name: str | None = None, stall_on_stderr: bool = False) -> runner.RunResult:
     """`argv` as one task on `host` (an srun step of one task, named `name`), like `ssh host argv`;
-    ToolTimedOut after `patience`, with the step gone."""
+    ToolTimedOut after `patience`, with the step gone (`stall_on_stderr`: see `runner.run`)."""
     name = name or step_name("on")
     command = [str(find_srun(env)), *step_options(allocation, [HostEntry(host, 1)], name, 1), *map(str, argv)]
-    return run_step(command, patience=patience, job_id=allocation.job_id, run_id=name, env=env)
+    return run_step(command, patience=patience, job_id=allocation.job_id, run_id=name, env=env,
+                    stall_on_stderr=stall_on_stderr)

@@ -4,16 +4,17 @@ the nodes (cluster/remote.py says why plain ssh from PATH)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlstack_ds import runner
 from mlstack_ds.cluster import remote
 from mlstack_ds.cluster.fanout import on_each
+from mlstack_ds.cluster.heartbeat import without_beats
 from mlstack_ds.cluster.hostfile import HostEntry, parse_hostfile
 from mlstack_ds.cluster.tool import ToolRun, check_tool, run_tool
 from mlstack_ds.cluster.transport import ScriptAnswer
-from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolTimedOut
+from mlstack_ds.errors import EnvironmentProblem, ToolMissing, ToolStalled, ToolTimedOut
 from mlstack_ds.patience import WAITS, Patience
 
 
@@ -76,20 +77,23 @@ class SshNodes:
     def _script_on(self, host: str, script: str, patience: Patience) -> ScriptAnswer:
         """`sh -s` with the script on stdin (the remote command stays `sh -s`, which every login shell, csh
         too, passes on unchanged; a multi-line `sh -c` would not), in the background, so that a step that
-        hangs there still leaves everything printed before it."""
+        hangs there still leaves everything printed before it. What it writes to stderr is its progress
+        (`script_on_each`)."""
         try:
-            with remote.start_on(host, ["sh", "-s"], input_text=script, patience=patience, env=self.env
-                                 ) as pending:
+            with remote.start_on(host, ["sh", "-s"], input_text=script, patience=patience, env=self.env,
+                                 stall_on_stderr=patience.watched) as pending:
                 try:
                     result = pending.result()
-                except ToolTimedOut:
+                except ToolTimedOut as exc:
                     partial = pending.partial_stdout()
-                    why = f"no answer within {patience.ceiling_s:g} s"
+                    why = (f"no sign of progress for {patience.stall_s:g} s" if isinstance(exc, ToolStalled)
+                           else f"no answer within {patience.ceiling_s:g} s")
                     return ScriptAnswer(host, partial, interrupted=why, timed_out=True)
         except ToolMissing as exc:
             raise EnvironmentProblem("ssh is not installed on this host",
                                      hint="install the OpenSSH client (Debian: apt-get install openssh-client)"
                                      ) from exc
+        result = replace(result, stderr=without_beats(result.stderr))
         gone = remote.unreachable(result, host)
         if gone is not None:
             return ScriptAnswer(host, "", unreachable=gone.reason)

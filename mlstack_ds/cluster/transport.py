@@ -84,7 +84,10 @@ class NodeTransport(Protocol):
 
     def script_on_each(self, script: str, *, patience: Patience,
                        done: Callable[[ScriptAnswer], None] | None = None) -> list[ScriptAnswer]:
-        """`sh -s` with `script` on stdin on every node; a node that ran nothing is an answer too."""
+        """`sh -s` with `script` on stdin on every node; a node that ran nothing is an answer too. With a stall
+        time in `patience`, what the script writes to stderr is its progress (nothing of this host's shows
+        how the node fares): a script that works longer than that writes a line there while it works, the
+        heartbeat's (cluster/heartbeat.py BEAT), which is not taken for the node's words."""
         ...
 
     def run(self, host: str, argv: Sequence[str | Path], *, patience: Patience = WAITS["ssh command"]) -> RunResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 from packaging import tags
 from support.target_env import bare_venv
 
+from mlstack_ds import runner
+from mlstack_ds.cluster.heartbeat import BEAT
 from mlstack_ds.cluster.nodeprobe import (
     InterfaceAddress,
     NodeFacts,
@@ -31,6 +34,7 @@ from mlstack_ds.doctor.cluster import ask_nodes, run_cluster_rules
 from mlstack_ds.doctor.cluster_input import ClusterInput, common_interface
 from mlstack_ds.doctor.model import Finding
 from mlstack_ds.doctor.rules import RULES, rule_by_id
+from mlstack_ds.errors import ToolStalled
 from mlstack_ds.patience import WAITS, Patience
 
 PYTHON = Path("/opt/venv/bin/python")
@@ -279,6 +283,36 @@ def test_node_script_runs_in_sh_and_parses(tmp_path: Path) -> None:
     assert facts.target.python.version == ".".join(map(str, sys.version_info[:3]))
     assert facts.target.torch_probed  # the second line came too (torch or its absence)
     assert any(a.loopback for a in facts.addresses)  # `ip -o addr` answered (lo is always there)
+
+
+def fake_interpreter(path: Path, body: str) -> Path:
+    """A "target python" that runs `body` instead of the probe it is given (a Python program, so that the
+    probe process the node script watches is the one that works or hangs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_node_scripts_heartbeat_keeps_a_working_probe_and_stops_a_hung_one(tmp_path: Path) -> None:
+    """ssh and srun sit idle while the node probes, so the head watches the script's stderr: a line each second
+    the probe used CPU. A probe working past the stall time (a torch import under load) is answered; one that
+    hangs (a driver, a lock: no CPU) is stopped after the stall time, not the 900 s ceiling (before: a fixed
+    900 s for both, and 150 s before that, which a torch import under load outlasted)."""
+    working = fake_interpreter(tmp_path / "working" / "python", "import time\nend = time.monotonic() + 8\n"
+                               "while time.monotonic() < end:\n    sum(range(300000))\n    time.sleep(0.05)")
+    rule = Patience(ceiling_s=600, stall_s=4)  # the table's 60 s without progress, scaled down
+    with runner.run_in_background(["sh", "-s"], input_text=node_script(working, working), patience=rule,
+                                  stall_on_stderr=True) as pending:
+        result = pending.result()
+    assert result.ok and result.duration_s >= 8 and BEAT in result.stderr.splitlines()
+    hung = fake_interpreter(tmp_path / "hung" / "python", "import time\ntime.sleep(600)")
+    started = time.monotonic()
+    with runner.run_in_background(["sh", "-s"], input_text=node_script(hung, hung), patience=rule,
+                                  stall_on_stderr=True) as pending, \
+            pytest.raises(ToolStalled, match=r"made no progress for 4 s \(printed nothing\)"):
+        pending.result()
+    assert time.monotonic() - started < 120
 
 
 def test_node_script_without_the_python(tmp_path: Path) -> None:

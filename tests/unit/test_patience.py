@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlstack_ds.bench.run import STAGE_CEILING_TIMEOUTS, judge, stage_patience
+from mlstack_ds.cluster.heartbeat import BEAT_EVERY_S
 from mlstack_ds.cluster.nodeprobe import node_script
 from mlstack_ds.detect.probes import ToolContext
 from mlstack_ds.launch.launcher import LaunchOutcome
@@ -64,9 +65,10 @@ def test_the_table_keeps_its_promises() -> None:
     assert all(isinstance(p, Patience) for p in WAITS.values())
     with pytest.raises(TypeError):
         WAITS["rocm tool"] = Patience(1.0)  # type: ignore[index]  # one table, read-only
-    # The node probe imports torch like the local probe, and cannot be watched from here: at least as patient.
-    assert not WAITS["node probe"].watched
-    assert WAITS["node probe"].ceiling_s >= WAITS["target probe"].ceiling_s > WAITS["target probe"].stall_s
+    # The node probe imports torch like the local probe, watched through its heartbeat: the same rule.
+    assert WAITS["node probe"] == WAITS["target probe"]
+    # A node's task is taken for lost only after many of its heartbeat's lines are missed.
+    assert WAITS["silent node"].ceiling_s >= 10 * BEAT_EVERY_S
     # A node's detect runs that probe and the ROCm tools under the node's own rules: ssh must outwait both.
     assert WAITS["node detect"].ceiling_s > WAITS["target probe"].ceiling_s + WAITS["rocm tool"].stall_s
     # ROCm tools: as quick as before to stop a hung driver (30 s), more patient with a working one.

@@ -213,3 +213,16 @@ def test_session_progress_moves_while_a_session_works_and_not_while_it_sleeps() 
         sleep.append(session_progress(sleeping._proc.pid))  # type: ignore[union-attr]
     assert work[0] and work[0] != work[1]
     assert sleep[0] and sleep[0] == sleep[1]
+
+
+def test_stall_on_stderr_keeps_a_child_that_prints_and_stops_a_silent_one() -> None:
+    """srun is idle however its remote task fares, so its CPU says nothing: what the task writes to stderr (a
+    heartbeat, cluster/heartbeat.py) is the progress. A child that keeps printing outlasts the stall time and
+    keeps all its stderr; one that stops printing is stopped after it, whatever CPU it uses meanwhile."""
+    printing = "import sys, time\nfor i in range(12):\n    print(i, file=sys.stderr, flush=True); time.sleep(0.25)\n"
+    result = run(["python3", "-c", printing], patience=Patience(600, 2), stall_on_stderr=True)
+    assert result.stderr == "".join(f"{i}\n" for i in range(12)) and result.duration_s >= 2.5
+    started = time.monotonic()
+    with pytest.raises(ToolTimedOut, match=r"^python3 made no progress for 2 s \(printed nothing\)"):
+        run(["python3", "-c", WORKING, "600"], patience=Patience(600, 2), stall_on_stderr=True)
+    assert time.monotonic() - started < 60

@@ -60,7 +60,8 @@ def nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SrunNodes:
     (bin_dir / "squeue").write_text("#!/bin/sh\n")  # no step of ours is left: it lists none
     for tool in ("srun", "squeue"):
         (bin_dir / tool).chmod(0o755)
-    monkeypatch.setattr(srun_nodes, "tool_argv", lambda args: [sys.executable, "-c", FAKE_TOOL, *map(str, args)])
+    monkeypatch.setattr(srun_nodes, "beating_tool_argv", lambda args, run_id=None: [
+        sys.executable, "-m", "mlstack_ds.cluster.heartbeat", "--", sys.executable, "-c", FAKE_TOOL, *map(str, args)])
     return SrunNodes(Allocation("42", ("a", "b"), None), {"PATH": f"{bin_dir}:/usr/bin:/bin"})
 
 
@@ -75,8 +76,10 @@ def test_each_nodes_answer_comes_from_one_step_with_its_own_exit_code(nodes: Sru
 
 
 def test_one_node_on_its_own(nodes: SrunNodes) -> None:
+    """Under the heartbeat (the real one; only the tool is a stand-in): its beats are not the node's words."""
     run = nodes.run_tool("b", ["rollback"], patience=Patience(60))
     assert (run.ok, run.returncode, run.error_message()) == (False, 7, "no bundle here")
+    assert run.stderr == ""
 
 
 def test_which_files_written_here_each_node_sees(nodes: SrunNodes, tmp_path: Path) -> None:
