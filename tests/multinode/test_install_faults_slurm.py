@@ -183,8 +183,14 @@ def test_a_node_lost_mid_install_is_named_and_the_next_run_repairs_it(
     assert took < 450, f"{took:.0f} s: the run waited for Slurm to mark node b down (SlurmdTimeout 600 s)"
     assert [(n["host"], n["action"]) for n in error["nodes"]] == [("mls-node-a", "rolled-back"),
                                                                    ("mls-node-b", "failed")]
-    # once node b answers again: Slurm ends what is left of the job there, both nodes idle; whatever node
-    # b's own install did meanwhile (it may have finished there), the next run brings both to one build
+    # once node b answers again, an admin returns it to service as after any outage (DOWN, then RESUME: Slurm
+    # ends what is left of the job there at once; on its own it kept node b "completing" for 105 s more);
+    # whatever node b's own install did meanwhile (it may have finished there), the next run brings both
+    # to one build
+    for state in ("down", "resume"):
+        update = cluster.run_in(cluster.login, ["scontrol", "update", f"nodename={NODE_NAMES[1]}", f"state={state}",
+                                                *(["reason=lost in a test"] if state == "down" else [])], timeout=60)
+        assert update.returncode == 0, update.stderr
     assert cluster.wait_no_leftovers(LEFTOVER_BOUND) == {}
     cluster.wait_idle(LEFTOVER_BOUND)
     again = run_install(cluster, tmp_path / "steps-again", *install_args(target, warm_cache), "--json")
