@@ -40,6 +40,11 @@ SEES = f'echo "{SEES_MARKER}"; ls -d -- "$@" 2>/dev/null; exit 0'
 LAUNCH_FAILED = re.compile(r"Task launch for \S+ failed on node (\S+): (.+)$", re.MULTILINE)
 
 
+def _silence_rule(patience: Patience) -> Patience:
+    """`patience` with the heartbeat's stall rule: a task silent for WAITS["silent node"] is given up."""
+    return patience.with_stall(WAITS["silent node"].ceiling_s)
+
+
 @dataclass(frozen=True)
 class SrunNodes:
     """The nodes of the Slurm allocation this process runs in, reached by srun steps."""
@@ -68,7 +73,7 @@ class SrunNodes:
         silent_s = WAITS["silent node"].ceiling_s
         try:
             result = on_node(self.allocation, host, beating_tool_argv([*args, "--json"]),
-                             patience=patience.with_stall(silent_s), env=self.env, name=run_id, stall_on_stderr=True)
+                             patience=_silence_rule(patience), env=self.env, name=run_id, stall_on_stderr=True)
         except ToolStalled as exc:
             raise EnvironmentProblem(f"node {host}: mlstack-ds {args[0]} went silent (no heartbeat for {silent_s:g} s)",
                                      hint=f"is {host} still up and reachable (`sinfo -n {host}`)?") from exc
@@ -85,7 +90,7 @@ class SrunNodes:
         try:
             answers, result = on_each_node(self.allocation, list(self.hosts),
                                            ["sh", "-c", ALWAYS_ZERO, "sh", *beating_tool_argv([*args, "--json"])],
-                                           patience=patience.with_stall(silent_s), env=self.env,
+                                           patience=_silence_rule(patience), env=self.env,
                                            stall_on_stderr=True)
         except ToolStalled as exc:
             named = "".join(f"; node {host} {why}" for host, why in self.lost().items())
@@ -96,10 +101,10 @@ class SrunNodes:
                                      f"{patience.ceiling_s:g} s",
                                      hint=f"is the allocation still running (`squeue -j {self.allocation.job_id}`)?"
                                      ) from exc
-        runs = []
+        runs, stderr = [], without_beats(result.stderr)
         for host in self.hosts:
             document = parse_document(answers.get(host, ""))
-            run = ToolRun(answered_code(document, result.returncode), document, without_beats(result.stderr))
+            run = ToolRun(answered_code(document, result.returncode), document, stderr)
             if done is not None:
                 done(host, run)
             runs.append(run)

@@ -71,10 +71,10 @@ def tool_argv(args: Sequence[str | Path], environ: Mapping[str, str] | None = No
     return [*_interpreter_argv(environ), *marker, "-m", "mlstack_ds", *map(str, args)]
 
 
-def beating_tool_argv(args: Sequence[str | Path], *, run_id: str | None = None) -> list[str]:
+def beating_tool_argv(args: Sequence[str | Path]) -> list[str]:
     """`tool_argv(ARGS)` under cluster/heartbeat.py: the node's sign of life on stderr every few seconds while
     it runs (for srun, which has none of its own; ssh has ServerAlive)."""
-    return [*_interpreter_argv(), "-m", "mlstack_ds.cluster.heartbeat", "--", *tool_argv(args, run_id=run_id)]
+    return [*_interpreter_argv(), "-m", "mlstack_ds.cluster.heartbeat", "--", *tool_argv(args)]
 
 
 def _interpreter_argv(environ: Mapping[str, str] | None = None) -> list[str]:
