@@ -12,11 +12,41 @@ from __future__ import annotations
 
 import os
 import sys
+import zipfile
+
+# zlib's level for the wheel's members. setuptools packs at zlib's default (6): 2.4 s of CPU for the 100 MB of
+# op libraries with debug info of the CPU plan, after the last op is linked, so on the critical path of
+# every rebuild. Level 1: 0.9 s, and a wheel of 37 MB instead of 33 MB; the files in it are the same.
+WHEEL_ZIP_LEVEL = 1
+
+
+def pack_faster() -> None:
+    """Make setuptools' bdist_wheel write the wheel at WHEEL_ZIP_LEVEL. Where its wheel writer is not where
+    setuptools 70 to 80 keep it, the wheel is packed at the default level, as before."""
+    try:
+        from setuptools.command import bdist_wheel
+    except ImportError:
+        return
+    writer = getattr(bdist_wheel, "WheelFile", None)
+    if not isinstance(writer, type):
+        return
+
+    class FasterWheelFile(writer):  # type: ignore[misc,valid-type]
+        def open(self, name: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+            # Every member is written through open(ZipInfo, "w"); the wheel writer's own ZipInfo names no
+            # level, and ZipFile then takes zlib's default. (3.13 renamed the attribute.)
+            if mode == "w" and isinstance(name, zipfile.ZipInfo):
+                setattr(name, "compress_level" if hasattr(name, "compress_level") else "_compresslevel",
+                        WHEEL_ZIP_LEVEL)
+            return super().open(name, mode, *args, **kwargs)
+
+    bdist_wheel.WheelFile = FasterWheelFile  # type: ignore[attr-defined]
 
 
 def build_wheel(out: str) -> str:
     """The wheel's file name, built into `out` from the tree in the current directory."""
     from setuptools import build_meta
+    pack_faster()
     return build_meta.__legacy__.build_wheel(out)
 
 

@@ -189,6 +189,8 @@ def test_the_purelib() -> None:
 
 
 def test_the_legacy_wheel_build_calls_setuptools_hook_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from setuptools.command import bdist_wheel
+    monkeypatch.setattr(bdist_wheel, "WheelFile", bdist_wheel.WheelFile)  # pack_faster's change, put back
     calls: list[str] = []
     build_meta = types.SimpleNamespace(__legacy__=types.SimpleNamespace(
         build_wheel=lambda out: calls.append(out) or "tiny-1.0-py3-none-any.whl"))
@@ -262,6 +264,8 @@ RUNS: dict[str, Run] = {
                                files=(("setuptools/__init__.py", ""),
                                       ("setuptools/build_meta.py", "class __legacy__:\n    @staticmethod\n"
                                        "    def build_wheel(out):\n        return out + '.whl'\n"))),
+    "mlstack_ninja_turn": Run(["--version"], lambda out, cwd: _equal(out, subprocess.run(
+        ["ninja", "--version"], capture_output=True, text=True, check=True).stdout)),
     "mlstack_purelib": Run([], lambda out, cwd: _equal(out, fresh(  # what the one-liner it replaced says
         ["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd).stdout)),
 }
@@ -337,3 +341,25 @@ def test_importing_a_module_runs_nothing() -> None:
         sorted([*RUNS, "mlstack_change_guard"]))], capture_output=True, text=True, timeout=120, check=True,
         env={**os.environ, "PYTHONPATH": str(TARGET_SIDE.parents[1])})
     assert done.stdout == "" and done.stderr == ""
+
+
+def test_the_wheel_is_packed_at_the_fast_zlib_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """setuptools' own wheel writer, after pack_faster: each member deflated at WHEEL_ZIP_LEVEL (issue 43)."""
+    import zipfile
+    import zlib
+
+    from setuptools.command import bdist_wheel
+    monkeypatch.setattr(bdist_wheel, "WheelFile", bdist_wheel.WheelFile)  # put back after the test
+    mlstack_build_wheel.pack_faster()
+    data = b"".join(f"line {i} of an op library's debug info\n".encode() for i in range(200_000))
+    wheel = tmp_path / "toy-1.0-py3-none-any.whl"
+    with bdist_wheel.WheelFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("toy/lib.so", data)
+    deflate = zlib.compressobj(mlstack_build_wheel.WHEEL_ZIP_LEVEL, zlib.DEFLATED, -15)
+    fast = len(deflate.compress(data) + deflate.flush())
+    with zipfile.ZipFile(wheel) as archive:
+        member = archive.getinfo("toy/lib.so")
+        assert archive.read("toy/lib.so") == data
+    assert member.compress_size == fast
+    default = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, -15)
+    assert fast != len(default.compress(data) + default.flush())  # the level shows in the size
