@@ -71,6 +71,11 @@ WAITS: MappingProxyType[str, Patience] = MappingProxyType({
     "rocm tool": Patience(ceiling_s=300.0, stall_s=30.0),
     # `CXX --version` for build.json: a compiler driver that answers at once; stalled means it is hanging.
     "compiler version": Patience(ceiling_s=120.0, stall_s=30.0),
+    # `ninja -t deps` in an op's build directory after a build: reads ninja's deps log, well under a second.
+    "ninja deps": Patience(ceiling_s=60.0),
+    # A rebuild's early compile of a changed source (build/early_compile.py): never waited on. setup.py's
+    # ninja for that op waits for it (a lock), and it is stopped when the build ends; this bounds nothing.
+    "early compile": Patience(ceiling_s=3600.0),
     # After SIGKILL to a child's whole session: it exits at once; this only bounds reading the last of its
     # pipes (a grandchild that escaped the session could hold them open).
     "reap killed child": Patience(ceiling_s=5.0),

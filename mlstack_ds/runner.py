@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from mlstack_ds.errors import ToolError, ToolMissing, ToolStalled, ToolTimedOut
 from mlstack_ds.patience import WAITS, Patience
@@ -176,7 +176,8 @@ class Background:
     importing torch) and, meanwhile, runs the quick tools, and Ctrl-C still stops both at once."""
 
     def __init__(self, args: tuple[str, ...], patience: Patience, env: Mapping[str, str] | None,
-                 input_text: str | None = None, stall_on_stderr: bool = False) -> None:
+                 input_text: str | None = None, stall_on_stderr: bool = False, *, pass_fds: Sequence[int] = (),
+                 stdout_file: IO[str] | None = None) -> None:
         self.args = args
         self.patience = patience
         self.stall_on_stderr = stall_on_stderr
@@ -193,7 +194,8 @@ class Background:
         self._start_error: ToolError | None = None
         try:
             self._proc = _start(args, stdin=self._in if self._in is not None else subprocess.DEVNULL,
-                                stdout=self._out, stderr=self._err, env=env, cwd=None)
+                                stdout=stdout_file or self._out, stderr=self._err if stdout_file is None else
+                                subprocess.STDOUT, env=env, cwd=None, pass_fds=pass_fds)
         except ToolError as exc:
             self._start_error = exc
 
@@ -241,10 +243,14 @@ def run_in_background(
     env: Mapping[str, str] | None = None,
     input_text: str | None = None,
     stall_on_stderr: bool = False,
+    pass_fds: Sequence[int] = (),
+    stdout_file: IO[str] | None = None,
 ) -> Iterator[Background]:
     """Start `argv` for the duration of the block; whatever is left running at its end is killed.
-    `patience`: see `wait_patiently`; `stall_on_stderr`: see `run`."""
-    handle = Background(tuple(os.fspath(a) for a in argv), patience, env, input_text, stall_on_stderr)
+    `patience`: see `wait_patiently`; `stall_on_stderr`: see `run`; `pass_fds`: kept open in the child;
+    `stdout_file`: where its stdout and stderr go together (a log), instead of files for `result()`."""
+    handle = Background(tuple(os.fspath(a) for a in argv), patience, env, input_text, stall_on_stderr,
+                        pass_fds=pass_fds, stdout_file=stdout_file)
     try:
         yield handle
     finally:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from mlstack_ds.build.early_compile import early_compiles
+from mlstack_ds.build.early_compile import record as record_build
 from mlstack_ds.build.oplogs import OpLogs
 from mlstack_ds.detect.host import host_facts
 from mlstack_ds.detect.toolchain import find_cxx
@@ -175,8 +177,14 @@ def build_wheel(
         at_once = f", {concurrency.ops_at_once} at once" if concurrency and concurrency.ops_at_once > 1 else ""
         status(f"building ops: {', '.join(plan.built_ops) or 'none'}{at_once} (log: {log_path})")
         out = staging / "wheel"
+        env = build_env(plan, tree.path, staging, base_env)
         try:
-            _compile(plan, tree.path, staging, out, base_env=base_env, log_path=log_path, progress=progress)
+            with early_compiles(cache, plan, tree.path, env, staging=staging,
+                                log_path=log_path.with_name(f"{log_path.stem}-early.log")) as early:
+                if early is not None:
+                    status(f"compiling what the series changed first: {', '.join(early.sources)}")
+                _compile(plan, tree.path, staging, out, base_env=base_env, log_path=log_path, progress=progress,
+                         early_env=early.env if early else {})
         except CompilerKilled as killed:
             if concurrency is None or concurrency.processes <= 1:
                 raise
@@ -190,6 +198,7 @@ def build_wheel(
         wheels = sorted(out.glob("deepspeed-*.whl"))
         if len(wheels) != 1:
             raise BuildError(f"the build produced {len(wheels)} DeepSpeed wheels", hint=f"full log: {log_path}")
+        record_build(cache, plan, tree.path, env)
         digest = sha256_of(wheels[0])
         (out / "build.json").write_text(json.dumps(
             {"source_commit": commit, "tree_hash": tree_hash, "plan": plan.to_dict(), "log": str(log_path),
@@ -223,6 +232,11 @@ def wheel_command(python: str, tree: Path, out: Path) -> list[str]:
         return [python, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir", "-v",
                 "-w", str(out), str(tree)]
     return [python, "-u", str(script(build_wheel_module)), str(out)]
+
+
+def build_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping[str, str]) -> dict[str, str]:
+    """setup.py's whole environment: the plan's, and this build's additions."""
+    return {**plan_env(plan, base_env), **build_time_env(plan, tree, staging, base_env)}
 
 
 def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping[str, str]) -> dict[str, str]:
@@ -286,14 +300,14 @@ def one_compile_at_a_time(plan: BuildPlan) -> BuildPlan:
 
 
 def _compile(plan: BuildPlan, tree: Path, staging: Path, out: Path, *, base_env: Mapping[str, str], log_path: Path,
-             progress: BuildProgress | None) -> None:
+             progress: BuildProgress | None, early_env: Mapping[str, str] | None = None) -> None:
     """Build the wheel of `tree` into `out` (emptied first); raise BuildError, or CompilerKilled when the op
     that failed lost its compiler to SIGKILL. Objects already compiled in the tree are kept: a second call
     compiles only what is missing."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     argv = wheel_command(plan.target_python, tree, out)
-    env = {**plan_env(plan, base_env), **build_time_env(plan, tree, staging, base_env)}
+    env = {**build_env(plan, tree, staging, base_env), **(early_env or {})}
     op_logs = OpLogs(log_path.with_suffix(".ops"))
 
     def on_line(line: str) -> None:
