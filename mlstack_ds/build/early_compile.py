@@ -165,14 +165,19 @@ def load(cache: Cache, plan: BuildPlan) -> tuple[str, dict[str, str], list[OpObj
 
 def changed_objects(ops: list[OpObjects], before: Mapping[str, str], now: Mapping[str, str],
                     built_ops: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """{op directory: objects} of the planned ops whose in-tree dependencies changed. An object with a
-    dependency that is not a tracked file in both trees (hipify's generated sources) is left to setup.py."""
+    """{op directory: objects} of the planned ops whose in-tree dependencies changed. Left to setup.py: an
+    object with a dependency that is not a tracked file in both trees (hipify's generated sources), and one
+    whose source an earlier op compiles too (fused_adam's copy of cpu_adam_impl.cpp: patch 0025 has that op
+    wait for the first, whose object ccache then gives it; two early ninjas would compile it twice)."""
     changed: dict[str, tuple[str, ...]] = {}
+    sources: set[str] = set()
     for op in ops:
         if op_name(Path(op.directory).name) not in built_ops:
             continue
         found = tuple(obj for obj, deps in op.objects.items()
-                      if all(d in before and d in now for d in deps) and any(before[d] != now[d] for d in deps))
+                      if all(d in before and d in now for d in deps) and any(before[d] != now[d] for d in deps)
+                      and deps[0] not in sources)
+        sources.update(op.objects[obj][0] for obj in found)
         if found:
             changed[op.directory] = found
     return changed

@@ -160,6 +160,15 @@ def test_an_untracked_dependency_leaves_the_object_to_setup_py() -> None:
     assert changed_objects([op], before, {"src/inc.h": "1", "src/b.cpp": "3"}, ("toy",)) == {OP_DIR: (B_OBJ,)}
 
 
+def test_a_source_two_ops_compile_starts_early_once() -> None:
+    from mlstack_ds.build.early_compile import OpObjects
+    first = OpObjects("build/t/deepspeed.ops.adam.cpu_adam_op", "", {"x/impl.o": ("impl.cpp",), "x/a.o": ("a.cpp",)})
+    second = OpObjects("build/t/deepspeed.ops.adam.fused_adam_op", "", {"y/impl.o": ("impl.cpp",), "y/f.o": ("f.cpp",)})
+    before = {"impl.cpp": "1", "a.cpp": "2", "f.cpp": "3"}
+    assert changed_objects([first, second], before, {**before, "impl.cpp": "9"}, ("cpu_adam", "fused_adam")) == {
+        first.directory: ("x/impl.o",)}
+
+
 def test_parse_keeps_the_tree_relative_dependencies(tmp_path: Path) -> None:
     tree = tmp_path / "t"
     text = (f"{tree}/{A_OBJ}: #deps 3, deps mtime 1 (VALID)\n    ../../../src/a.cpp\n    /usr/include/torch.h\n"
