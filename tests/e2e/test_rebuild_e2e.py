@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 import tarfile
-import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -40,18 +38,6 @@ def build(target: Target, cache: Path, recipe: Path) -> tuple[dict, str]:
     return json.loads(result.stdout), result.stderr
 
 
-def symbols(wheel: Path, tmp: Path) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    with zipfile.ZipFile(wheel) as archive:
-        for name in archive.namelist():
-            if name.startswith("deepspeed/ops/") and name.endswith(".so"):
-                path = Path(archive.extract(name, tmp))
-                nm = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True,
-                                    check=True)
-                found[Path(name).name] = sorted(line.split()[-1] for line in nm.stdout.splitlines())
-    return found
-
-
 def test_a_one_op_rebuild_compiles_the_change_first(installed_target: Target, tmp_path: Path) -> None:
     bb = bench_build()
     cache = tmp_path / "cache"
@@ -69,4 +55,4 @@ def test_a_one_op_rebuild_compiles_the_change_first(installed_target: Target, tm
     assert "csrc/cpu/comm/shm.cpp" in early
     op_log = (log.with_suffix(".ops") / "deepspeed_shm_comm.log").read_text()
     assert "shm.cpp -o" not in op_log  # setup.py's ninja found the early object up to date
-    assert symbols(Path(second["wheel"]), tmp_path / "b") == symbols(Path(first["wheel"]), tmp_path / "a")
+    assert bb.ops_and_symbols(Path(second["wheel"])) == bb.ops_and_symbols(Path(first["wheel"]))
