@@ -183,6 +183,13 @@ def changed_objects(ops: list[OpObjects], before: Mapping[str, str], now: Mappin
     return changed
 
 
+def ninja_targets(op: OpObjects, changed: tuple[str, ...], compiled_elsewhere: set[str]) -> tuple[str, ...]:
+    """What the early ninja of `op` builds: its `changed` objects, and its others (ccache hits, as a rule:
+    setup.py's ninja then finds the op done) but for a copy of a source another op's early ninja compiles
+    (changed_objects says why)."""
+    return tuple(obj for obj, deps in op.objects.items() if obj in changed or deps[0] not in compiled_elsewhere)
+
+
 def _stand_in(directory: Path, python: str) -> Path | None:
     """`directory/ninja`: mlstack_ninja_turn.py with the target interpreter as its `#!` line."""
     shebang = f"#!{python}\n"
@@ -225,8 +232,9 @@ def early_compiles(cache: Cache, plan: BuildPlan, tree: Path, env: Mapping[str, 
             op_dir.mkdir(parents=True, exist_ok=True)
             (op_dir / "build.ninja").write_text(by_directory[directory].build_ninja.replace(last_tree, str(tree)),
                                                 encoding="utf-8")
-            # The op's other objects too (ccache hits, as a rule): setup.py's ninja then finds it all done.
-            targets = [str(tree / obj) for obj in by_directory[directory].objects]
+            elsewhere = {by_directory[d].objects[obj][0] for d, objects in work.items() if d != directory
+                         for obj in objects}
+            targets = [str(tree / obj) for obj in ninja_targets(by_directory[directory], work[directory], elsewhere)]
             fd = os.open(op_dir / ninja_turn.LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held by the early ninja (and so by its compilers) until it exits

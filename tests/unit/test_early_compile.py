@@ -169,6 +169,13 @@ def test_a_source_two_ops_compile_starts_early_once() -> None:
         first.directory: ("x/impl.o",)}
 
 
+def test_an_early_ninja_leaves_a_copy_another_op_compiles() -> None:
+    from mlstack_ds.build.early_compile import OpObjects, ninja_targets
+    fused = OpObjects("f", "", {"y/impl.o": ("impl.cpp",), "y/f.o": ("f.cpp",), "y/g.o": ("g.cpp",)})
+    assert ninja_targets(fused, ("y/f.o",), {"impl.cpp"}) == ("y/f.o", "y/g.o")
+    assert ninja_targets(fused, ("y/f.o",), set()) == ("y/impl.o", "y/f.o", "y/g.o")
+
+
 def test_parse_keeps_the_tree_relative_dependencies(tmp_path: Path) -> None:
     tree = tmp_path / "t"
     text = (f"{tree}/{A_OBJ}: #deps 3, deps mtime 1 (VALID)\n    ../../../src/a.cpp\n    /usr/include/torch.h\n"
