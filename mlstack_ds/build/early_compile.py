@@ -220,30 +220,44 @@ def early_compiles(cache: Cache, plan: BuildPlan, tree: Path, env: Mapping[str, 
     except BuildError:
         work = {}
     count = sum(len(objects) for objects in work.values())
-    stand_in = _stand_in(staging / "ninja-turn", plan.target_python) if 0 < count <= jobs else None
-    if stand_in is None:  # nothing changed, too much changed (the whole build is the work), or no stand-in
+    if not 0 < count <= jobs:  # nothing changed, or so much that the whole build is the work
         yield None
         return
-    by_directory = {op.directory: op for op in ops}
     with contextlib.ExitStack() as stack:
-        log = stack.enter_context(log_path.open("w", encoding="utf-8"))
-        for directory in work:
-            op_dir = tree / directory
-            op_dir.mkdir(parents=True, exist_ok=True)
-            (op_dir / "build.ninja").write_text(by_directory[directory].build_ninja.replace(last_tree, str(tree)),
-                                                encoding="utf-8")
-            elsewhere = {by_directory[d].objects[obj][0] for d, objects in work.items() if d != directory
-                         for obj in objects}
-            targets = [str(tree / obj) for obj in ninja_targets(by_directory[directory], work[directory], elsewhere)]
-            fd = os.open(op_dir / ninja_turn.LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # held by the early ninja (and so by its compilers) until it exits
-                stack.enter_context(run_in_background(
-                    [ninja, "-C", str(op_dir), "-v", "-j", str(min(len(targets), jobs_per_op)), *targets],
-                    patience=WAITS["early compile"], env=env, pass_fds=(fd,), stdout_file=log))
-            finally:
-                os.close(fd)
-        sources = tuple(sorted({deps[0] for d, objects in work.items() for obj in objects
-                                for deps in [by_directory[d].objects[obj]]}))
-        yield EarlyCompiles({"PATH": os.pathsep.join([str(stand_in.parent), env.get("PATH", "")]),
-                             ninja_turn.REAL_NINJA: ninja}, sources)
+        try:
+            stand_in = _stand_in(staging / "ninja-turn", plan.target_python)
+            sources = _start(stack, ops=ops, work=work, last_tree=last_tree, tree=tree, ninja=ninja,
+                             jobs_per_op=jobs_per_op, env=env, log_path=log_path) if stand_in else None
+        except OSError:  # a file it cannot write: the build goes on without (what started is stopped)
+            stack.close()
+            stand_in = sources = None
+        if stand_in is None or sources is None:
+            yield None
+        else:
+            yield EarlyCompiles({"PATH": os.pathsep.join([str(stand_in.parent), env.get("PATH", "")]),
+                                 ninja_turn.REAL_NINJA: ninja}, sources)
+
+
+def _start(stack: contextlib.ExitStack, *, ops: list[OpObjects], work: Mapping[str, tuple[str, ...]], last_tree: str,
+           tree: Path, ninja: str, jobs_per_op: int, env: Mapping[str, str], log_path: Path) -> tuple[str, ...]:
+    """Start one early ninja per op of `work` (each held by `stack`); the sources they compile."""
+    by_directory = {op.directory: op for op in ops}
+    log_path.parent.mkdir(parents=True, exist_ok=True)  # a new cache has no logs directory yet
+    log = stack.enter_context(log_path.open("w", encoding="utf-8"))
+    for directory in work:
+        op_dir = tree / directory
+        op_dir.mkdir(parents=True, exist_ok=True)
+        (op_dir / "build.ninja").write_text(by_directory[directory].build_ninja.replace(last_tree, str(tree)),
+                                            encoding="utf-8")
+        elsewhere = {by_directory[d].objects[obj][0] for d, objects in work.items() if d != directory
+                     for obj in objects}
+        targets = [str(tree / obj) for obj in ninja_targets(by_directory[directory], work[directory], elsewhere)]
+        fd = os.open(op_dir / ninja_turn.LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held by the early ninja (and so by its compilers) until it exits
+            stack.enter_context(run_in_background(
+                [ninja, "-C", str(op_dir), "-v", "-j", str(min(len(targets), jobs_per_op)), *targets],
+                patience=WAITS["early compile"], env=env, pass_fds=(fd,), stdout_file=log))
+        finally:
+            os.close(fd)
+    return tuple(sorted({by_directory[d].objects[obj][0] for d, objects in work.items() for obj in objects}))

@@ -111,7 +111,7 @@ def test_a_changed_header_is_compiled_early_and_the_ops_ninja_waits_for_it(
     tmp_path, tree, env, cache = built
     new = patched_copy(tmp_path, tree, "src/inc.h", "inline int two() { return 22; }\n")
     op_dir = new / OP_DIR
-    staging, log = tmp_path / "staging", tmp_path / "early.log"
+    staging, log = tmp_path / "staging", tmp_path / "logs" / "early.log"  # a new cache has no logs directory
     with early_compiles(cache, plan(), new, env, staging=staging, log_path=log) as early:
         assert early is not None
         assert early.sources == ("src/a.cpp",)  # b.cpp does not include the header
@@ -120,7 +120,7 @@ def test_a_changed_header_is_compiled_early_and_the_ops_ninja_waits_for_it(
         ops_ninja = subprocess.run(["ninja", "-v", "-j", "2"], cwd=op_dir, env={**env, **early.env},
                                    capture_output=True, text=True, check=True)
     assert "no work to do" in ops_ninja.stdout  # it waited: the early ninja's log has both objects up to date
-    assert "src/a.cpp" in (tmp_path / "early.log").read_text()
+    assert "src/a.cpp" in log.read_text()
     assert (op_dir / "src" / "a.o").is_file()
 
 
