@@ -35,6 +35,7 @@ from mlstack_ds.target_side import (
     mlstack_connect_check,
     mlstack_dsconfig_answers,
     mlstack_dsconfig_parse,
+    mlstack_ninja_turn,  # noqa: F401  (prepared() finds each module in sys.modules)
     mlstack_package_origin,
     mlstack_platform_tags,
     mlstack_probe_target,
@@ -232,6 +233,9 @@ class Run:
     files: tuple[tuple[str, str], ...] = ()  # put into the current directory: found first, as under -c
 
 
+TORN_DOWN = "import atexit\natexit.register(print, 'torn down')\n"
+
+
 def _probe(out: str, cwd: Path) -> None:
     assert out.splitlines()[0].startswith("MLSTACK_NODE_RECEIPT:")
     facts = parse_target_output(out, Path(sys.executable))
@@ -260,8 +264,9 @@ RUNS: dict[str, Run] = {
                                                               "    return iter(['fake_tag', 'other_tag'])\n"))),
     "mlstack_package_origin": Run(["json"], lambda out, cwd: _equal(
         out, f"{json.__version__} {os.path.realpath(json.__file__)}\n")),
+    # An exit handler that prints: setup.py's imports (torch, DeepSpeed) are not torn down after the answer.
     "mlstack_build_wheel": Run(["{out}"], lambda out, cwd: _equal(out, f"built {cwd / 'out'}.whl\n"),
-                               files=(("setuptools/__init__.py", ""),
+                               files=(("setuptools/__init__.py", TORN_DOWN),
                                       ("setuptools/build_meta.py", "class __legacy__:\n    @staticmethod\n"
                                        "    def build_wheel(out):\n        return out + '.whl'\n"))),
     "mlstack_ninja_turn": Run(["--version"], lambda out, cwd: _equal(out, subprocess.run(
@@ -301,6 +306,17 @@ def test_each_module_runs_by_path_without_mlstack_ds(name: str, tmp_path: Path, 
     done = fresh([str(script(module)), *argv], tmp_path, run.stdin)
     assert done.returncode == 0, done.stderr
     run.check(done.stdout, tmp_path)
+
+
+def test_the_probe_ends_without_tearing_torch_down(tmp_path: Path) -> None:
+    """The interpreter's teardown of a real torch takes 0.3 s after the answer, which every command waits for
+    (issue 43): here a torch whose exit handler would print."""
+    write(tmp_path / "torch" / "__init__.py", f"from torch import version\n__version__ = '2.13.0'\n{TORN_DOWN}")
+    write(tmp_path / "torch" / "version.py", "hip = cuda = None\n")
+    done = fresh([str(script(mlstack_probe_target))], tmp_path)
+    assert done.returncode == 0, done.stderr
+    torch = parse_target_output(done.stdout, Path(sys.executable)).torch
+    assert "torn down" not in done.stdout and torch is not None and torch.version == "2.13.0"
 
 
 @pytest.mark.parametrize("name", ["mlstack_probe_target", "mlstack_platform_tags", "mlstack_package_origin",
