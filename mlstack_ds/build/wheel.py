@@ -170,7 +170,7 @@ def build_wheel(
         tree_hash = rev_parse(tree.path, f"{commit}^{{tree}}", BuildError)
         if plan.patches:
             status(f"applying {len(plan.patches)} patches")
-            applied = apply_series(tree.path, series_for_recipe(recipe))
+            applied = apply_series(tree.path, series_for_recipe(recipe), store=tree.store)
             _check_series_is_the_plans(plan, applied.patches)
             tree_hash, commit = applied.tree_hash, applied.head
         concurrency = plan.concurrency

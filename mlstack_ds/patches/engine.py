@@ -22,6 +22,7 @@ from unidiff import PatchSet
 
 from mlstack_ds.errors import PatchError
 from mlstack_ds.patches.mirror import Applicable, applicable_series, file_diff_text
+from mlstack_ds.patches.prefix_store import prefix_refs, remember_prefixes, restore_prefix
 from mlstack_ds.patches.series import PatchFile, Series
 from mlstack_ds.source.gitrepo import PRISTINE_REF, git, is_git_worktree, rev_parse
 
@@ -83,6 +84,7 @@ class AppliedSeries:
     tree_hash: str
     patches: tuple[tuple[str, str], ...]  # (file name, sha256)
     already_applied: bool
+    restored: int = 0  # of `commits`, how many came from the cache's remembered patched trees
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,9 @@ def _reverse_pass(tree: Path, items: tuple[Applicable, ...]) -> set[int]:
     return applied
 
 
-def apply_series(tree: Path, series: Series) -> AppliedSeries:
-    """Apply the whole series as one commit per patch, or change nothing (PatchError, exit 5)."""
+def apply_series(tree: Path, series: Series, store: Path | None = None) -> AppliedSeries:
+    """Apply the whole series as one commit per patch, or change nothing (PatchError, exit 5). `store`: a
+    repository the cache owns, which remembers the series' patched trees (prefix_store.py says why)."""
     tree = _existing_dir(tree)
     if not is_git_worktree(tree):
         raise PatchError(f"{tree} is not a git work tree; applying needs git to commit and roll back",
@@ -166,23 +169,41 @@ def apply_series(tree: Path, series: Series) -> AppliedSeries:
         raise PatchError(f"{tree} has uncommitted changes ({changes.splitlines()[0].strip()})",
                          hint="commit or discard them first (git stash / git checkout .)")
     base = rev_parse(tree, "HEAD", PatchError)
-    with applicable_series(tree, series) as items:
-        return _apply(tree, series, items, base)
+    if store is None or not series.patches:
+        with applicable_series(tree, series) as items:
+            return _apply(tree, series, items, base)
+    refs = prefix_refs(base, series.mirrors, series.patches)
+    restored = restore_prefix(tree, store, base, refs)
+    try:
+        with applicable_series(tree, series) as items:
+            applied = _apply(tree, series, items[len(restored.commits):], base, restored.commits)
+    except BaseException:
+        if restored.commits:
+            git(["reset", "-q", "--hard", base], cwd=tree, error=PatchError, what="rolling back", check=False)
+        raise
+    if not applied.already_applied:
+        remember_prefixes(tree, store, refs, applied.commits, restored.known)
+    return applied
 
 
-def _apply(tree: Path, series: Series, items: tuple[Applicable, ...], base: str) -> AppliedSeries:
+def _apply(tree: Path, series: Series, items: tuple[Applicable, ...], base: str,
+           restored: tuple[str, ...] = ()) -> AppliedSeries:
+    """Apply `items` on top of `restored`, the commits of the series' first patches already in the tree."""
+    hashes = tuple((p.name, p.sha256) for p in series.patches)
+    if restored and not items:
+        return AppliedSeries(tree, base, restored[-1], restored, _tree_hash(tree), hashes, already_applied=False,
+                             restored=len(restored))
     checked = _check(tree, items)
     if checked.conflicting:
         raise _conflict_error(tree, checked)
-    hashes = tuple((p.name, p.sha256) for p in series.patches)
-    if series.patches and checked.all_applied:
+    if series.patches and checked.all_applied and not restored:
         return AppliedSeries(tree, base, base, (), _tree_hash(tree), hashes, already_applied=True)
     if not checked.all_apply:
         done = ", ".join(r.name for r in checked.results if r.state is PatchState.ALREADY_APPLIED)
         raise PatchError(f"{tree} is partly patched already ({done})",
                          hint=f"start from the pristine tree: git -C {tree} reset --hard {PRISTINE_REF} "
                               "(or fetch a fresh one)")
-    commits: list[str] = []
+    commits = list(restored)
     try:
         for item in items:
             _apply_one(tree, item)
@@ -191,7 +212,7 @@ def _apply(tree: Path, series: Series, items: tuple[Applicable, ...], base: str)
         git(["reset", "-q", "--hard", base], cwd=tree, error=PatchError, what="rolling back", check=False)
         raise
     return AppliedSeries(tree, base, commits[-1] if commits else base, tuple(commits), _tree_hash(tree),
-                         hashes, already_applied=False)
+                         hashes, already_applied=False, restored=len(restored))
 
 
 def tree_status(tree: Path, series: Series) -> TreeStatus:

@@ -61,6 +61,8 @@ class SourceTree:
     `pin`: set when the tree is neither a commit nor an archive of the pin, but a dirty checkout's working
     tree: `<pinned commit>+dirty.<digest>` of the files that were copied (`commit` is then the commit
     made of them, on top of the pinned one).
+    `store`: the cache's repository the tree was cloned from (None for a user's checkout or directory), where
+    the patch stage may remember patched trees (patches/prefix_store.py).
     """
 
     path: Path
@@ -70,6 +72,7 @@ class SourceTree:
     sha256: str | None
     from_cache: bool = False
     pin: str | None = None
+    store: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ def fetch_source(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None, dest:
         return _fetch_local(recipe, spec, cache, dest)
     _materialize(repo, commit, dest)
     return SourceTree(path=dest, commit=commit, kind=spec.kind, origin=origin, sha256=sha256,
-                      from_cache=from_cache)
+                      from_cache=from_cache, store=repo)
 
 
 def fetch_archive(recipe: Recipe, spec: SourceSpec, cache_dir: Path | None,
@@ -280,7 +283,7 @@ def _fetch_local(recipe: Recipe, spec: SourceSpec, cache: Cache, dest: Path) -> 
         _check_sha256(path, sha256)
         repo, commit = _repo_from_archive(cache, sha256, recipe, lambda: path)
         _materialize(repo, commit, dest)
-        return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=sha256)
+        return SourceTree(path=dest, commit=commit, kind="path", origin=str(path), sha256=sha256, store=repo)
     if is_git_worktree(path) and _has_pinned_commit(recipe, path):
         commit = pinned_commit(recipe)
         if working_tree_status(path).dirty:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from mlstack_ds.patches import (
     load_series,
     tree_status,
 )
+from mlstack_ds.patches import Series as LoadedSeries
 from mlstack_ds.recipe import find_recipe
 from mlstack_ds.resources import data_dir
 from mlstack_ds.source.gitrepo import FIXED_IDENTITY, PRISTINE_REF
@@ -247,3 +249,105 @@ def test_shipped_series_applies_to_the_pinned_tree(series_file: Path, request: p
     assert [(r.name, r.state) for r in check.results] == expected
     applied = apply_series(copy_tree(pristine_tree_template, tmp_path / "t"), loaded)
     assert len(applied.commits) == len(loaded.patches)
+
+
+# --- patched trees remembered in the cache's source repository (patches/prefix_store.py, issue 43) ---------
+
+def _store(template: Path, where: Path, kind: str) -> Path:
+    """A repository like the cache's: an archive's one-commit repo with its files, or a depth-1 clone (git)."""
+    if kind == "archive":
+        return copy_tree(template, where)
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{template}", str(where)], check=True)
+    return where
+
+
+def _clone(store: Path, dest: Path) -> Path:
+    """What fetch does for a build: a clone of the store at its HEAD, on the work branch, detached from it."""
+    subprocess.run(["git", "clone", "-q", str(store), str(dest)], check=True)
+    git_out(dest, "checkout", "-q", "-B", "mlstack-ds")
+    git_out(dest, "update-ref", PRISTINE_REF, "HEAD")
+    git_out(dest, "remote", "remove", "origin")
+    return dest
+
+
+def _series_refs(store: Path) -> dict[str, str]:
+    listed = git_out(store, "for-each-ref", "--format=%(refname) %(objectname)", "refs/mlstack-ds/series/")
+    return dict(line.split() for line in listed.splitlines())
+
+
+def _variant(good: Path, where: Path, edit: Callable[[str], str], name: str = "0003-add-marker-module.patch"
+             ) -> LoadedSeries:
+    """`good` with one patch's text changed by `edit` (the others byte for byte the same)."""
+    shutil.copytree(good.parent, where)
+    patch = where / name
+    patch.write_text(edit(patch.read_text()))
+    return load_series(where / "series")
+
+
+@pytest.mark.parametrize("kind", ["archive", "shallow"])
+def test_a_rebuild_starts_from_the_remembered_patched_tree(series: Series, pristine_tree_template: Path,
+                                                            tmp_path: Path, kind: str) -> None:
+    store = _store(pristine_tree_template, tmp_path / "store", kind)
+    loaded = load_series(series.good)
+    first = apply_series(_clone(store, tmp_path / "a"), loaded, store=store)
+    assert first.restored == 0 and sorted(_series_refs(store).values()) == sorted(first.commits)
+    second = apply_series(_clone(store, tmp_path / "b"), loaded, store=store)
+    assert second.restored == 3
+    assert (second.base, second.head, second.commits, second.tree_hash, second.patches) == \
+        (first.base, first.head, first.commits, first.tree_hash, first.patches)
+    assert git_out(second.tree, "rev-parse", "HEAD", PRISTINE_REF).split() == [first.head, first.base]
+    assert git_out(second.tree, "status", "--porcelain", "--untracked-files=all") == ""
+    assert (second.tree / "deepspeed/mlstack_marker.py").read_text() == "MARKER = True\n"
+
+
+def test_a_changed_last_patch_reuses_the_ones_before_it(series: Series, pristine_tree_template: Path,
+                                                        tmp_path: Path) -> None:
+    store = _store(pristine_tree_template, tmp_path / "store", "archive")
+    apply_series(_clone(store, tmp_path / "a"), load_series(series.good), store=store)
+    changed = _variant(series.good, tmp_path / "changed", lambda text: text.replace("MARKER = True", "MARKER = 2"))
+    applied = apply_series(_clone(store, tmp_path / "b"), changed, store=store)
+    plain = apply_series(copy_tree(pristine_tree_template, tmp_path / "c"), changed)  # no store at all
+    assert applied.restored == 2 and (applied.commits, applied.tree_hash) == (plain.commits, plain.tree_hash)
+    assert (applied.tree / "deepspeed/mlstack_marker.py").read_text() == "MARKER = 2\n"
+    assert len(_series_refs(store)) == 4  # the new third prefix beside the old one
+
+
+def test_a_conflict_after_the_remembered_prefix_leaves_the_tree_at_its_start(
+        series: Series, pristine_tree_template: Path, tmp_path: Path) -> None:
+    store = _store(pristine_tree_template, tmp_path / "store", "archive")
+    good = apply_series(_clone(store, tmp_path / "a"), load_series(series.good), store=store)
+    conflicting = _variant(series.good, tmp_path / "bad",
+                           lambda text: text.replace("MARKER = True", "MARKER = 2").replace("--- /dev/null",
+                                                                                           "--- a/version.txt"))
+    tree = _clone(store, tmp_path / "b")
+    start = git_out(tree, "rev-parse", "HEAD")
+    with pytest.raises(PatchError, match=r"^patch 0003-add-marker-module\.patch"):
+        apply_series(tree, conflicting, store=store)
+    moves = git_out(tree, "reflog", "--format=%gs").splitlines()
+    assert moves[:2] == [f"reset: moving to {start}", f"reset: moving to {good.commits[1]}"]  # newest first
+    assert git_out(tree, "rev-parse", "HEAD") == start
+    assert git_out(tree, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_a_remembered_commit_that_is_not_the_prefix_is_not_used(series: Series, pristine_tree_template: Path,
+                                                                tmp_path: Path) -> None:
+    store = _store(pristine_tree_template, tmp_path / "store", "archive")
+    loaded = load_series(series.good)
+    first = apply_series(_clone(store, tmp_path / "a"), loaded, store=store)
+    refs = {commit: ref for ref, commit in _series_refs(store).items()}
+    git_out(store, "update-ref", refs[first.commits[2]], first.commits[0])  # the 3-patch name on 1 patch
+    again = apply_series(_clone(store, tmp_path / "b"), loaded, store=store)
+    assert again.restored == 0 and (again.commits, again.tree_hash) == (first.commits, first.tree_hash)
+
+
+def test_remembering_starts_no_gc_in_the_store(series: Series, pristine_tree_template: Path, tmp_path: Path
+                                               ) -> None:
+    """A store whose every push would end in a repack (gc.auto=1, in the foreground so that this test can
+    see it): the push that remembers the series starts none, so no detached gc is left behind."""
+    store = _store(pristine_tree_template, tmp_path / "store", "archive")
+    git_out(store, "config", "gc.auto", "1")
+    git_out(store, "config", "gc.autoDetach", "false")
+    loose_before = int(git_out(store, "count-objects", "-v").split("\n")[0].split()[1])
+    apply_series(_clone(store, tmp_path / "a"), load_series(series.good), store=store)
+    assert len(_series_refs(store)) == 3
+    assert int(git_out(store, "count-objects", "-v").split("\n")[0].split()[1]) > loose_before

@@ -79,6 +79,7 @@ def test_git_plain_path_mirror_works_and_second_fetch_uses_the_cache(git_source_
         moved.rename(git_source_repo.path)
     assert second.commit == first.commit
     assert second.from_cache and not first.from_cache
+    assert first.store == second.store and first.store is not None and first.store.parent == cache / "repos"
     assert_clean_pinned_tree(second.path, first.commit)
 
 
@@ -162,6 +163,7 @@ def test_pypi_source_through_pip_configuration(local_index: Path, tmp_path: Path
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
     second = fetch_source(find_recipe(), parse_source_spec("pypi"), cache, tmp_path / "b")
     assert second.commit == tree.commit and second.from_cache
+    assert tree.store == second.store and tree.store is not None and tree.store.parent == cache / "repos"
     with pytest.raises(FetchError, match=r"pip download deepspeed==0\.19\.5 failed"):
         fetch_source(find_recipe(), parse_source_spec("pypi"), tmp_path / "cold-cache", tmp_path / "c")
     nothing_left(tmp_path / "cold-cache", tmp_path / "c")
@@ -194,6 +196,7 @@ def test_extracted_sdist_directory_gives_the_same_commit(pristine_tree_template:
     assert tree.commit == git_out(pristine_tree_template, "rev-parse", "HEAD")
     assert_clean_pinned_tree(tree.path, tree.commit)
     assert not (plain / ".git").exists()  # the user's directory is not touched
+    assert tree.store is None
 
 
 def test_directory_of_another_version_is_refused(pristine_tree_template: Path, tmp_path: Path) -> None:
@@ -231,6 +234,7 @@ def test_git_checkout_with_the_pinned_commit_is_cloned_at_that_commit(git_source
     # pinned commit instead: tests/integration/test_dirty_checkout.py).
     tree = fetch_source(recipe, parse_source_spec(str(git_source_repo.path)), tmp_path / "c", tmp_path / "ds")
     assert tree.kind == "path" and tree.commit == git_source_repo.commit and tree.pin is None
+    assert tree.store is None  # a user's checkout: the build remembers no patched tree in it
     assert_clean_pinned_tree(tree.path, git_source_repo.commit)
     assert not (tree.path / "AFTER_THE_TAG.txt").exists()  # the pinned commit, not the checkout's tip
 
