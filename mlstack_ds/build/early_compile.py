@@ -36,13 +36,10 @@ from mlstack_ds.runner import run_in_background
 from mlstack_ds.source.cache import Cache
 from mlstack_ds.source.gitrepo import git
 from mlstack_ds.target_side import mlstack_ninja_turn as ninja_turn
-from mlstack_ds.target_side import script
+from mlstack_ds.target_side import runnable_copy
 
 SCHEMA = 1
 STATE_DIR = "early-compile"
-# The kernel reads at most 127 bytes of a `#!` line (BINPRM_BUF_SIZE on older kernels): a longer target
-# interpreter path gets no stand-in, and so no early compile.
-_SHEBANG_MAX = 127
 
 
 @dataclass(frozen=True)
@@ -190,18 +187,6 @@ def ninja_targets(op: OpObjects, changed: tuple[str, ...], compiled_elsewhere: s
     return tuple(obj for obj, deps in op.objects.items() if obj in changed or deps[0] not in compiled_elsewhere)
 
 
-def _stand_in(directory: Path, python: str) -> Path | None:
-    """`directory/ninja`: mlstack_ninja_turn.py with the target interpreter as its `#!` line."""
-    shebang = f"#!{python}\n"
-    if len(shebang) > _SHEBANG_MAX or any(c.isspace() for c in python):
-        return None
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "ninja"
-    path.write_text(shebang + script(ninja_turn).read_text(encoding="utf-8"), encoding="utf-8")
-    path.chmod(0o755)
-    return path
-
-
 @contextlib.contextmanager
 def early_compiles(cache: Cache, plan: BuildPlan, tree: Path, env: Mapping[str, str], *, staging: Path,
                    log_path: Path) -> Iterator[EarlyCompiles | None]:
@@ -225,7 +210,7 @@ def early_compiles(cache: Cache, plan: BuildPlan, tree: Path, env: Mapping[str, 
         return
     with contextlib.ExitStack() as stack:
         try:
-            stand_in = _stand_in(staging / "ninja-turn", plan.target_python)
+            stand_in = runnable_copy(ninja_turn, staging / "ninja-turn" / "ninja", plan.target_python)
             sources = _start(stack, ops=ops, work=work, last_tree=last_tree, tree=tree, ninja=ninja,
                              jobs_per_op=jobs_per_op, env=env, log_path=log_path) if stand_in else None
         except OSError:  # a file it cannot write: the build goes on without (what started is stopped)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from mlstack_ds.build.compile_slots import compile_slot_env
 from mlstack_ds.build.early_compile import early_compiles
 from mlstack_ds.build.early_compile import record as record_build
 from mlstack_ds.build.oplogs import OpLogs
@@ -251,7 +252,8 @@ def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping
       the source twice, once for the hash and again inside the compile, and torch's extension headers make
       that 1 to 3 s of CPU per file, work a hand build without ccache does once (issue 43, docs/benchmarks.md
       "Build speed"). The machine code and symbols are the same; only debug info's column numbers differ.
-      A user's own CCACHE_CPP2/CCACHE_NOCPP2 is kept.
+      A user's own CCACHE_CPP2/CCACHE_NOCPP2 is kept;
+    - ccache's prefix command, which lets only `--jobs` compiles run at a time (build/compile_slots.py).
     """
     env: dict[str, str] = {}
     if plan.concurrency and plan.concurrency.ops_at_once > 1:
@@ -263,6 +265,7 @@ def build_time_env(plan: BuildPlan, tree: Path, staging: Path, base_env: Mapping
         env.setdefault("CCACHE_NOHASHDIR", "1")
     if plan.path_prepend and not {"CCACHE_CPP2", "CCACHE_NOCPP2"} & base_env.keys():
         env["CCACHE_NOCPP2"] = "1"
+    env.update(compile_slot_env(plan, staging, base_env))
     return env
 
 

@@ -7,8 +7,9 @@ for every `--offload-arch`, which clang can do in parallel (`-parallel-jobs`).
 
 The rule, in `docs/benchmarks.md` ("Cold builds in parallel"):
 - the budget is `--jobs` (default: the CPUs); up to twice that many compiler processes may exist, so
-  that an op left alone at the end (three ops on two cores) still has every core instead of one: while
-  all ops run, the kernel shares the cores among them, which costs little for compiles;
+  that an op left alone at the end (three ops on two cores) still has every core instead of one; where
+  ccache runs the compiles, only the budget of them compile at a time (build/compile_slots.py: four
+  compiles on two cores took a fifth more CPU each, issue 43), the others wait for a slot;
 - every process must have its memory: `MEMORY_PER_COMPILE` each (per offload arch on ROCm), so the
   process count is clamped to what is available, and `--jobs` asking for more gets a warning;
 - ops at once = min(budget, ops); each op's share of the processes goes first to its archs (ROCm), then

@@ -26,3 +26,20 @@ def script(module: ModuleType) -> Path:
 def source(module: ModuleType) -> str:
     """The module's text, for `python -` on a node (a here-document inside an `sh -s` script)."""
     return script(module).read_text(encoding="utf-8")
+
+
+# Linux reads at most this much of a `#!` line (BINPRM_BUF_SIZE 128, with its newline).
+SHEBANG_MAX = 127
+
+
+def runnable_copy(module: ModuleType, path: Path, python: str) -> Path | None:
+    """`module` written to `path` with `python` as its `#!` line, executable: for a tool that runs it by name
+    (torch runs `ninja`, ccache its prefix command). None where `python` cannot be a `#!` line (too long, or
+    with a space in it), and the caller goes on without."""
+    shebang = f"#!{python}\n"
+    if len(shebang) > SHEBANG_MAX or any(c.isspace() for c in python):
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(shebang + script(module).read_text(encoding="utf-8"), encoding="utf-8")
+    path.chmod(0o755)
+    return path

@@ -32,6 +32,7 @@ from mlstack_ds.installed.journal import GUARD_NAME, guard_line
 from mlstack_ds.target_side import (
     mlstack_build_wheel,
     mlstack_change_guard,
+    mlstack_compile_slot,  # noqa: F401  (prepared() finds each module in sys.modules)
     mlstack_connect_check,
     mlstack_dsconfig_answers,
     mlstack_dsconfig_parse,
@@ -269,6 +270,7 @@ RUNS: dict[str, Run] = {
                                files=(("setuptools/__init__.py", TORN_DOWN),
                                       ("setuptools/build_meta.py", "class __legacy__:\n    @staticmethod\n"
                                        "    def build_wheel(out):\n        return out + '.whl'\n"))),
+    "mlstack_compile_slot": Run(["echo", "compiled"], lambda out, cwd: _equal(out, "compiled\n")),
     "mlstack_ninja_turn": Run(["--version"], lambda out, cwd: _equal(out, subprocess.run(
         ["ninja", "--version"], capture_output=True, text=True, check=True).stdout)),
     "mlstack_purelib": Run([], lambda out, cwd: _equal(out, fresh(  # what the one-liner it replaced says
