@@ -27,7 +27,14 @@ def take_slot(directory: str) -> int | None:
         return None
     if not names:
         return None
-    fds = [os.open(os.path.join(directory, name), os.O_RDWR) for name in names]
+    fds: list[int] = []
+    try:
+        for name in names:
+            fds.append(os.open(os.path.join(directory, name), os.O_RDWR))
+    except OSError:  # the build's staging going away under a waiting compile: it runs, unslotted
+        for fd in fds:
+            os.close(fd)
+        return None
     first = os.getpid() % len(fds)  # waiting compilers try the slots in different orders
     order = fds[first:] + fds[:first]
     while True:

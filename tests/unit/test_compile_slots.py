@@ -90,3 +90,10 @@ def test_without_slots_the_compiler_runs_at_once(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, mlstack_compile_slot.SLOTS: str(tmp_path / "none")})
     assert (done.returncode, done.stdout) == (0, "ran\n")
+
+
+def test_a_slot_that_cannot_be_opened_runs_the_compiler_at_once(tmp_path: Path) -> None:
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    (slots / "slot-0").symlink_to(tmp_path / "gone")
+    assert mlstack_compile_slot.take_slot(str(slots)) is None
