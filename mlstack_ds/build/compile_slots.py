@@ -5,9 +5,9 @@ Why: the plan lets up to twice `--jobs` compiler processes exist (plan/buildjobs
 end keeps every core). While all ops run, that was four compilers on two cores, and a compile then took more
 CPU than alone: in a cold build of the full CPU plan (2026-11-29, strace), 95 s with four compiles at once
 and 74 s with three, shm.cpp and shm_interface.cpp at 25.9 and 26.7 s of CPU against 21.2 s alone; with two
-slots the same build's compiles took 337.5 s of CPU instead of 368.8 s, in the same wall time (issue 43,
-docs/benchmarks.md). ninja still starts its share of jobs: the ones without a slot wait, and an op left alone
-takes every slot the others gave back.
+slots the same build's compiles took 318.0 s of CPU instead of 368.8 s, and the build 207.0 s instead of
+217.5 s (issue 43, docs/benchmarks.md). ninja still starts its share of jobs: the ones without a slot wait,
+and an op left alone takes every slot the others gave back.
 
 Only where ccache runs the compiles (the plan puts its directory first on PATH) and the user names no
 prefix command of their own (`CCACHE_PREFIX`, say distcc, sends compiles to other machines).

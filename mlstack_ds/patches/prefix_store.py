@@ -60,9 +60,12 @@ def restore_prefix(tree: Path, store: Path, base: str, refs: Sequence[str]) -> R
             commits = _line_of_commits(tree, store, refs[count - 1], base)
             if len(commits) != count or commits[-1] != known[refs[count - 1]]:
                 break
-            git(["reset", "-q", "--hard", commits[-1]], cwd=tree, error=PatchError,
-                what="checking out the remembered patched tree")
-            return Restored(commits, known)
+            moved = git(["reset", "-q", "--hard", commits[-1]], cwd=tree, error=PatchError,
+                        what="checking out the remembered patched tree", check=False)
+            if moved.ok:
+                return Restored(commits, known)
+            git(["reset", "-q", "--hard", base], cwd=tree, error=PatchError, what="rolling back")
+            break
     return Restored((), known)
 
 
